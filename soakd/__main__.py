@@ -1,0 +1,3 @@
+from soakd.cli import main
+
+raise SystemExit(main())
