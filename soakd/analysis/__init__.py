@@ -1,0 +1,1 @@
+"""Windows, quantile sketches and (later) drift, leak and throttle detection."""

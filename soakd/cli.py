@@ -1,0 +1,410 @@
+"""Command line: ``soakd run | sim | demo | check | metrics``.
+
+Exit codes: 0 success, 1 failure, 2 usage or configuration error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from soakd import __version__
+from soakd.config import BUILTIN_SCENARIOS, ConfigError, SoakConfig, load_config
+from soakd.durations import parse_duration
+
+EXIT_OK, EXIT_FAIL, EXIT_CONFIG = 0, 1, 2
+
+
+# ---- shared helpers ----------------------------------------------------------------------------
+
+
+def _run_async(coro: Any) -> Any:
+    """asyncio.run on uvloop when it is installed (SOAKD_NO_UVLOOP=1 to use the stdlib loop)."""
+    if not os.environ.get("SOAKD_NO_UVLOOP"):
+        try:
+            import uvloop
+
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                return runner.run(coro)
+        except ImportError:
+            pass
+    return asyncio.run(coro)
+
+
+def parse_mix(text: str) -> dict[str, float]:
+    mix: dict[str, float] = {}
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        name, sep, weight = part.partition("=")
+        name = name.strip()
+        try:
+            w = float(weight) if sep else 1.0
+        except ValueError:
+            raise ConfigError([f"--mix: weight of {name!r} must be a number, got {weight!r} "
+                               "(expected e.g. short_chat=4,long_context=1)"]) from None
+        mix[name] = w
+    if not mix:
+        raise ConfigError(["--mix: empty; expected e.g. short_chat=4,long_context=1"])
+    return mix
+
+
+def _dur(flag: str, value: str) -> float:
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise ConfigError([f"{flag}: {exc}"]) from None
+
+
+def add_run_arguments(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
+    if not demo:
+        p.add_argument("-c", "--config", type=Path, default=os.environ.get("SOAKD_CONFIG"),
+                       help="YAML configuration file (see examples/soak.yaml); env SOAKD_CONFIG")
+        p.add_argument("--target", help="OpenAI base URL including /v1, e.g. http://127.0.0.1:8000/v1")
+        p.add_argument("--model", help="model name (default: the first of GET /v1/models)")
+        p.add_argument("--api-key-env", help="environment variable that holds the API key")
+        p.add_argument("--api-key-file", type=Path, help="file whose first line is the API key")
+    p.add_argument("--duration", help="soak length: 45s, 30m, 12h (run default 12h)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--concurrency", type=int, help="closed loop: requests kept in flight")
+    g.add_argument("--rate", type=float, help="open loop: requests per second")
+    p.add_argument("--arrival", choices=["poisson", "constant"], help="open-loop arrival process")
+    p.add_argument("--max-in-flight", type=int, help="open loop: cap on requests in flight")
+    p.add_argument("--mix", help="scenario weights, e.g. short_chat=4,long_context=1,batch_burst=1")
+    p.add_argument("--window", help="analysis window (default 30m)")
+    p.add_argument("--warmup", help="warm-up excluded from statistics (default 2m)")
+    p.add_argument("--max-requests", type=int, help="end after this many requests")
+    p.add_argument("--grace", help="drain period for in-flight requests at shutdown (default 30s)")
+    p.add_argument("--metrics-host", help="listen address for /metrics (default 0.0.0.0)")
+    p.add_argument("--metrics-port", type=int, help="listen port for /metrics (default 9400; 0 = any)")
+    p.add_argument("--state-dir", type=Path, help="state and report directory (default ./soakd-state)")
+    p.add_argument("--seed", type=int, help="seed for prompts, arrivals and the mix")
+    p.add_argument("--no-keep-alive", action="store_true", default=None,
+                   help="open a new connection per request (servers that drop reused connections)")
+    p.add_argument("--log-format", choices=["auto", "json", "console"])
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--progress", dest="progress", action="store_true", default=None, help="live progress line")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no live progress line")
+    p.add_argument("--print-config", action="store_true", help="print the effective configuration and exit")
+
+
+def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    o: dict[str, Any] = {}
+
+    def put(path: str, value: Any) -> None:
+        if value is None:
+            return
+        node = o
+        keys = path.split(".")
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+        node[keys[-1]] = value
+
+    put("target.url", getattr(args, "target", None))
+    put("target.model", getattr(args, "model", None))
+    put("target.api_key_env", getattr(args, "api_key_env", None))
+    put("target.api_key_file", str(args.api_key_file) if getattr(args, "api_key_file", None) else None)
+    if getattr(args, "no_keep_alive", None):
+        put("target.keep_alive", False)
+    for flag, path in (("duration", "run.duration"), ("window", "run.window"), ("warmup", "run.warmup"),
+                       ("grace", "run.grace")):
+        v = getattr(args, flag, None)
+        if v is not None:
+            put(path, _dur(f"--{flag}", v))
+    put("run.max_requests", args.max_requests)
+    put("run.seed", args.seed)
+    put("run.state_dir", str(args.state_dir) if args.state_dir else None)
+    if args.concurrency is not None:
+        put("load.concurrency", args.concurrency)
+        o.setdefault("load", {})["rate"] = None
+    if args.rate is not None:
+        put("load.rate", args.rate)
+        o.setdefault("load", {})["concurrency"] = None
+    put("load.arrival", args.arrival)
+    put("load.max_in_flight", args.max_in_flight)
+    if args.mix:
+        put("load.mix", parse_mix(args.mix))
+    put("metrics.host", args.metrics_host)
+    put("metrics.port", args.metrics_port)
+    put("log.format", args.log_format)
+    put("log.level", args.log_level)
+    put("log.progress", args.progress)
+    return o
+
+
+def _print_config(cfg: SoakConfig) -> None:
+    sys.stdout.write(yaml.safe_dump(cfg.redacted(), sort_keys=False, default_flow_style=None))
+
+
+def _config_error(exc: ConfigError) -> int:
+    sys.stderr.write(f"soakd: {exc}\n")
+    return EXIT_CONFIG
+
+
+def _install_signals(daemon: Any) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, daemon.request_stop, sig.name)
+        except (NotImplementedError, RuntimeError):
+            pass
+
+
+# ---- run ---------------------------------------------------------------------------------------
+
+
+async def _soak(cfg: SoakConfig, progress: bool | None = None) -> tuple[int, dict[str, Any] | None]:
+    from soakd.daemon import SoakDaemon, StartupError
+
+    daemon = SoakDaemon(cfg, progress=progress)
+    _install_signals(daemon)
+    try:
+        final = await daemon.run()
+    except StartupError as exc:
+        sys.stderr.write(f"soakd: {exc}\n")
+        return EXIT_FAIL, None
+    ok = final.get("requests_measured", 0) > 0 or final.get("stop_reason") in ("SIGTERM", "SIGINT")
+    if final.get("stop_reason") == "target_unreachable":
+        ok = False
+    return (EXIT_OK if ok else EXIT_FAIL), final
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from soakd import logging_setup
+
+    try:
+        cfg = load_config(args.config, overrides_from_args(args))
+        if args.print_config:
+            _print_config(cfg)
+            return EXIT_OK
+        cfg.api_key()
+    except ConfigError as exc:
+        return _config_error(exc)
+    logging_setup.configure(cfg.log.format, cfg.log.level)
+    try:
+        code, final = _run_async(_soak(cfg))
+    except ConfigError as exc:
+        return _config_error(exc)
+    if final is not None and logging_setup.use_console(cfg.log.format):
+        sys.stdout.write(format_summary(final))
+    return code
+
+
+# ---- demo --------------------------------------------------------------------------------------
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from soakd import logging_setup
+
+    defaults = {
+        "run": {"duration": 180.0, "window": 30.0, "warmup": 10.0, "grace": 10.0, "state_dir": "./soakd-state"},
+        "load": {"concurrency": 16},
+        "metrics": {"host": "127.0.0.1", "port": 9400},
+        "log": {"format": "console", "summary_interval": 30.0},
+    }
+    try:
+        from soakd.config import deep_merge
+
+        over = deep_merge(defaults, overrides_from_args(args))
+        cfg = load_config(None, over, environ={k: v for k, v in os.environ.items() if k.startswith("SOAKD_")})
+        if args.print_config:
+            _print_config(cfg)
+            return EXIT_OK
+    except ConfigError as exc:
+        return _config_error(exc)
+    logging_setup.configure(cfg.log.format, cfg.log.level)
+    progress = cfg.log.progress if cfg.log.progress is not None else True
+
+    async def demo() -> tuple[int, dict[str, Any] | None]:
+        from soakd.sim.config import SimConfig
+        from soakd.sim.server import SimServer
+
+        sim_cfg = cfg.sim.model_copy(update={"host": "127.0.0.1", "port": args.sim_port})
+        async with SimServer(SimConfig.model_validate(sim_cfg.model_dump())) as sim:
+            run_cfg = cfg.model_copy(update={"target": cfg.target.model_copy(update={"url": sim.base_url})})
+            sys.stdout.write(
+                f"soakd demo: simulator at {sim.base_url}, soak for {args.duration or '3m'} "
+                f"with {int(cfg.run.window)}s windows; metrics at http://{cfg.metrics.host}:{cfg.metrics.port}/metrics\n"
+            )
+            sys.stdout.flush()
+            return await _soak(run_cfg, progress=progress)
+
+    try:
+        code, final = _run_async(demo())
+    except ConfigError as exc:
+        return _config_error(exc)
+    if final is not None:
+        sys.stdout.write(format_summary(final))
+    return code
+
+
+# ---- summary table -----------------------------------------------------------------------------
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.0f}"
+
+
+def format_summary(final: dict[str, Any]) -> str:
+    lines = ["", f"soakd summary — run {final.get('run_id')} against {final.get('target')} "
+             f"(model {final.get('model')}), ended: {final.get('stop_reason')}"]
+    windows = final.get("windows") or []
+    if windows:
+        lines.append("")
+        lines.append(" window   reqs   req/s   tok/s  e2e p50/p95 ms  ttft p50/p95 ms  itl p95 ms  errors")
+        for w in windows:
+            e, t, i = w["e2e_seconds"], w["ttft_seconds"], w["itl_seconds"]
+            err = w["error_rate"]
+            lines.append(
+                f" {w['window']:>5}{'*' if w['partial'] else ' '} {w['requests']:>6} {w['requests_per_second']:>7.1f} "
+                f"{w['output_tokens_per_second']:>7.0f}  {_ms(e['p50']):>6}/{_ms(e['p95']):<7} "
+                f"{_ms(t['p50']):>7}/{_ms(t['p95']):<8} {_ms(i['p95']):>10}  "
+                f"{'-' if err is None else f'{err:.2%}'}"
+            )
+        if any(w["partial"] for w in windows):
+            lines.append(" (* partial window)")
+    outcomes = final.get("outcomes") or {}
+    lines.append("")
+    lines.append(f" requests measured: {final.get('requests_measured', 0)}   outcomes: "
+                 + ", ".join(f"{k}={v}" for k, v in outcomes.items() if v))
+    acc = final.get("prompt_length_accuracy")
+    if acc:
+        lines.append(f" prompt length vs target (server usage): median {acc['median']:+.1%}, "
+                     f"p05 {acc['p05']:+.1%}, p95 {acc['p95']:+.1%} over {acc['samples']} requests")
+    lines.append("")
+    return "\n".join(lines)
+
+
+# ---- check -------------------------------------------------------------------------------------
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from soakd.check import format_table, run_checks
+
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            sys.stderr.write(f"soakd: --api-key-env: environment variable {args.api_key_env} is not set\n")
+            return EXIT_CONFIG
+    elif args.api_key_file:
+        try:
+            api_key = args.api_key_file.read_text().strip().splitlines()[0]
+        except (OSError, IndexError) as exc:
+            sys.stderr.write(f"soakd: --api-key-file: cannot read {args.api_key_file}: {exc}\n")
+            return EXIT_CONFIG
+    try:
+        from soakd.config import TargetConfig
+
+        url = TargetConfig(url=args.target).url
+    except Exception as exc:  # noqa: BLE001
+        sys.stderr.write(f"soakd: --target: {exc}\n")
+        return EXIT_CONFIG
+    results, model = _run_async(run_checks(url, args.model, api_key, timeout=_dur("--timeout", args.timeout)))
+    if args.json:
+        sys.stdout.write(json.dumps([r.__dict__ for r in results], indent=2) + "\n")
+    else:
+        sys.stdout.write(format_table(results, url, model) + "\n")
+    return EXIT_OK if all(r.ok for r in results) else EXIT_FAIL
+
+
+# ---- sim ---------------------------------------------------------------------------------------
+
+
+def cmd_sim(args: argparse.Namespace) -> int:
+    from soakd import logging_setup
+    from soakd.sim.server import serve_forever, sim_config_from_args
+
+    try:
+        base = load_config(args.config).sim if args.config else None
+        sim_cfg = sim_config_from_args(args, base)
+    except ConfigError as exc:
+        return _config_error(exc)
+    except Exception as exc:  # noqa: BLE001 - pydantic errors from flags
+        sys.stderr.write(f"soakd sim: invalid option: {exc}\n")
+        return EXIT_CONFIG
+    logging_setup.configure(args.log_format or "auto", "info")
+    try:
+        _run_async(serve_forever(sim_cfg))
+    except KeyboardInterrupt:
+        pass
+    except OSError as exc:
+        sys.stderr.write(f"soakd sim: cannot listen on {sim_cfg.host}:{sim_cfg.port}: {exc.strerror or exc}\n")
+        return EXIT_FAIL
+    return EXIT_OK
+
+
+# ---- metrics catalogue -------------------------------------------------------------------------
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    from soakd.metrics import CATALOGUE, catalogue_markdown
+
+    if args.markdown:
+        sys.stdout.write(catalogue_markdown())
+    else:
+        for m in CATALOGUE:
+            sys.stdout.write(f"{m.name}\t{m.kind}\t{','.join(m.labels)}\n")
+    return EXIT_OK
+
+
+# ---- main --------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="soakd", description="Soak-test daemon for OpenAI-compatible LLM servers.")
+    parser.add_argument("--version", action="version", version=f"soakd {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("run", help="soak a target server", description="Soak an OpenAI-compatible server. "
+                       "Flags override the YAML file, which overrides SOAKD_* environment variables' defaults.")
+    add_run_arguments(p)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("demo", help="soak the embedded simulator for a few minutes")
+    add_run_arguments(p, demo=True)
+    p.add_argument("--sim-port", type=int, default=0, help="simulator port (default: any free port)")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("check", help="OpenAI compatibility probe of a target")
+    p.add_argument("--target", required=True, help="OpenAI base URL including /v1")
+    p.add_argument("--model", help="model name (default: the first of /v1/models)")
+    p.add_argument("--api-key-env")
+    p.add_argument("--api-key-file", type=Path)
+    p.add_argument("--timeout", default="60s", help="per-probe timeout (default 60s)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("sim", help="run the embedded simulated inference server")
+    p.add_argument("-c", "--config", type=Path, help="YAML file whose sim: block configures the simulator")
+    p.add_argument("--log-format", choices=["auto", "json", "console"])
+    from soakd.sim.server import add_sim_arguments
+
+    add_sim_arguments(p)
+    p.set_defaults(func=cmd_sim)
+
+    p = sub.add_parser("metrics", help="list every metric soakd exports")
+    p.add_argument("--markdown", action="store_true", help="as the README's Markdown table")
+    p.set_defaults(func=cmd_metrics)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+_ = BUILTIN_SCENARIOS

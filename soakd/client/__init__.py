@@ -1,0 +1,1 @@
+"""OpenAI-compatible streaming client: one request in, one RequestRecord out, never raises."""

@@ -1,0 +1,108 @@
+"""The raw per-request record. Derived values (TTFT, ITL, e2e) are plain properties of it."""
+
+from __future__ import annotations
+
+import enum
+
+
+class Outcome(str, enum.Enum):
+    """Bounded outcome classes; also the values of the ``outcome`` label."""
+
+    OK = "ok"
+    HTTP_ERROR = "http_error"
+    TIMEOUT = "timeout"
+    CONNECTION_ERROR = "connection_error"
+    INVALID_RESPONSE = "invalid_response"
+    CANCELLED = "cancelled"
+
+
+OUTCOMES: tuple[str, ...] = tuple(o.value for o in Outcome)
+
+
+class RequestRecord:
+    """Everything measured about one request. Filled in place by the client.
+
+    Times are ``perf_counter_ns`` values. ``token_times_ns`` holds the arrival time of every
+    SSE event that carried content (the first one is the first token); inter-token gaps are
+    the differences between consecutive entries.
+    """
+
+    __slots__ = (
+        "scenario",
+        "window",
+        "warmup",
+        "endpoint",
+        "stream",
+        "t_start_ns",
+        "t_headers_ns",
+        "t_end_ns",
+        "token_times_ns",
+        "prompt_tokens",
+        "completion_tokens",
+        "usage_from_server",
+        "expected_prompt_tokens",
+        "max_tokens",
+        "finish_reason",
+        "outcome",
+        "reason",
+        "http_status",
+        "error",
+        "text",
+        "request_id",
+        "wall_start",
+    )
+
+    def __init__(self, scenario: str, endpoint: str = "chat", stream: bool = True) -> None:
+        self.scenario = scenario
+        self.window = -1
+        self.warmup = False
+        self.endpoint = endpoint
+        self.stream = stream
+        self.t_start_ns = 0
+        self.t_headers_ns = 0
+        self.t_end_ns = 0
+        self.token_times_ns: list[int] = []
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.usage_from_server = False
+        self.expected_prompt_tokens = 0
+        self.max_tokens = 0
+        self.finish_reason: str | None = None
+        self.outcome: Outcome = Outcome.OK
+        self.reason: str = ""
+        self.http_status = 0
+        self.error: str = ""
+        self.text: str = ""
+        self.request_id = ""
+        self.wall_start = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is Outcome.OK
+
+    @property
+    def e2e_seconds(self) -> float:
+        return (self.t_end_ns - self.t_start_ns) / 1e9
+
+    @property
+    def ttft_seconds(self) -> float | None:
+        if not self.token_times_ns:
+            return None
+        return (self.token_times_ns[0] - self.t_start_ns) / 1e9
+
+    def gaps_seconds(self) -> list[float]:
+        t = self.token_times_ns
+        return [(t[i] - t[i - 1]) / 1e9 for i in range(1, len(t))]
+
+    def fail(self, outcome: Outcome, reason: str, error: str = "") -> None:
+        self.outcome = outcome
+        self.reason = reason
+        if error:
+            self.error = error[:300]
+
+    def __repr__(self) -> str:
+        return (
+            f"RequestRecord({self.scenario!r}, outcome={self.outcome.value}, reason={self.reason!r}, "
+            f"status={self.http_status}, e2e={self.e2e_seconds:.4f}s, ttft={self.ttft_seconds}, "
+            f"tokens={self.prompt_tokens}/{self.completion_tokens})"
+        )

@@ -1,0 +1,83 @@
+"""Incremental Server-Sent Events decoder (WHATWG event-stream rules), no I/O.
+
+Feed it bytes exactly as they come off the socket, split anywhere; it returns the complete
+events. Lines may end in ``\\n``, ``\\r\\n`` or ``\\r``; a ``\\r`` at the end of a chunk is held
+back until the next chunk shows whether a ``\\n`` follows. Comment lines (``:``) are skipped.
+Event data stays bytes (multi-byte UTF-8 characters may straddle chunks); decoding is the
+caller's business, so that invalid UTF-8 is reported rather than silently replaced.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class SSEEvent(NamedTuple):
+    data: bytes
+    event: str = ""
+    id: str = ""
+
+
+class SSEDecoder:
+    __slots__ = ("_buf", "_data", "_event", "_id", "max_event_bytes")
+
+    def __init__(self, max_event_bytes: int = 16 * 1024 * 1024) -> None:
+        self._buf = b""
+        self._data: list[bytes] = []
+        self._event = ""
+        self._id = ""
+        self.max_event_bytes = max_event_bytes
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        buf = self._buf + chunk if self._buf else chunk
+        hold = b""
+        if buf.endswith(b"\r"):
+            buf, hold = buf[:-1], b"\r"
+        if b"\r" in buf:
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = buf.split(b"\n")
+        rest = lines.pop()
+        if len(rest) > self.max_event_bytes:
+            raise ValueError(f"SSE line longer than {self.max_event_bytes} bytes")
+        self._buf = rest + hold
+        events: list[SSEEvent] = []
+        for line in lines:
+            if not line:
+                if self._data or self._event:
+                    events.append(self._dispatch())
+                continue
+            if line[0] == 58:  # ':' comment / keep-alive
+                continue
+            name, sep, value = line.partition(b":")
+            if sep and value[:1] == b" ":
+                value = value[1:]
+            if name == b"data":
+                self._data.append(value)
+            elif name == b"event":
+                self._event = value.decode("utf-8", "replace")
+            elif name == b"id":
+                self._id = value.decode("utf-8", "replace")
+            # "retry" and unknown fields are ignored, as the spec says
+        return events
+
+    def _dispatch(self) -> SSEEvent:
+        data = self._data[0] if len(self._data) == 1 else b"\n".join(self._data)
+        ev = SSEEvent(data, self._event, self._id)
+        self._data = []
+        self._event = ""
+        return ev
+
+    def close(self) -> list[SSEEvent]:
+        """End of stream: a final event without its blank line is dispatched, as browsers do not;
+        we return it so that callers can tell 'unterminated last event' from 'nothing'."""
+        events: list[SSEEvent] = []
+        if self._buf.strip(b"\r"):
+            events.extend(self.feed(b"\n"))
+        if self._data:
+            events.append(self._dispatch())
+        self._buf = b""
+        return events
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._buf or self._data)

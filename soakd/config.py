@@ -1,0 +1,382 @@
+"""The one configuration model: YAML file < environment ``SOAKD_*`` < command-line flags.
+
+Every error names the field path, the bad value and what is expected, all at once, before
+anything starts (``ConfigError``). Secrets (the API key) never live in the model: only where
+to read them from (``api_key_env`` / ``api_key_file``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from soakd.durations import Duration
+from soakd.sim.config import SimConfig
+
+BUILTIN_SCENARIOS = ("short_chat", "long_context", "batch_burst", "multi_turn", "code_completion")
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
+
+
+class ConfigError(Exception):
+    """Configuration that cannot run. ``errors`` lists one human-readable line per problem."""
+
+    def __init__(self, errors: list[str]) -> None:
+        self.errors = errors
+        super().__init__("invalid configuration:\n" + "\n".join(f"  - {e}" for e in errors))
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Timeouts(_Model):
+    connect: Duration = Field(10.0, gt=0, description="TCP connect (and TLS) timeout.")
+    first_token: Duration = Field(
+        300.0, gt=0, description="From sending the request to the first streamed token (or the whole non-streamed body)."
+    )
+    idle: Duration = Field(60.0, gt=0, description="Longest silence allowed between two streamed events.")
+    total: Duration = Field(900.0, gt=0, description="Whole request, end to end.")
+
+
+class Validation(_Model):
+    non_empty: bool = Field(True, description="A response without any content is invalid_response (empty_output).")
+    utf8: bool = Field(True, description="Invalid UTF-8 in the body is invalid_response (invalid_utf8).")
+    replacement_chars: bool = Field(
+        True,
+        description="U+FFFD replacement characters in the output are invalid_response (garbled_output). "
+        "Turn off for random-weight test models, which emit them legitimately.",
+    )
+    max_repeats: int = Field(
+        16,
+        ge=0,
+        description="A response whose tail is one 1–8 word phrase repeated this many times is "
+        "invalid_response (degenerate_repetition). 0 turns the check off.",
+    )
+
+
+class TargetConfig(_Model):
+    url: str = Field(
+        "http://127.0.0.1:8000/v1", description="OpenAI base URL including /v1, e.g. http://127.0.0.1:8000/v1."
+    )
+    model: str | None = Field(None, description="Model name; default: the first entry of GET /v1/models.")
+    api_key_env: str | None = Field(None, description="Name of the environment variable holding the API key.")
+    api_key_file: Path | None = Field(None, description="File whose first line is the API key (e.g. a mounted Secret).")
+    keep_alive: bool = Field(
+        True, description="Reuse connections. Turn off for servers that drop reused connections under load."
+    )
+    max_connections: int | None = Field(
+        None, ge=1, description="Connection pool size; default: sized to the load (max in flight)."
+    )
+    headers: dict[str, str] = Field(default_factory=dict, description="Extra HTTP headers sent with every request.")
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+    validation: Validation = Field(default_factory=Validation)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        v = v.strip().rstrip("/")
+        if not re.match(r"^https?://[^/\s]+", v):
+            raise ValueError("expected an http:// or https:// base URL such as http://127.0.0.1:8000/v1")
+        return v
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, v: dict[str, str]) -> dict[str, str]:
+        if any(k.lower() == "authorization" for k in v):
+            raise ValueError("do not put Authorization in headers; use api_key_env or api_key_file")
+        return v
+
+
+class SourceConfig(_Model):
+    type: Literal["synthetic", "jsonl", "sharegpt"] = Field(
+        "synthetic",
+        description="synthetic: deterministic prompts from the seed; jsonl: one OpenAI messages list per line; "
+        "sharegpt: a ShareGPT JSON file (conversations of from/value).",
+    )
+    path: Path | None = Field(None, description="Dataset file for jsonl/sharegpt.")
+
+    @model_validator(mode="after")
+    def _path(self) -> "SourceConfig":
+        if self.type != "synthetic" and self.path is None:
+            raise ValueError(f"source type {self.type!r} needs a path")
+        return self
+
+
+class ScenarioConfig(_Model):
+    """One traffic class. Every field may be omitted for a built-in scenario (its defaults apply)."""
+
+    endpoint: Literal["chat", "completions"] | None = Field(None, description="chat (/chat/completions) or completions.")
+    stream: bool | None = Field(None, description="Stream the response (SSE). TTFT and inter-token gaps need it.")
+    include_usage: bool | None = Field(
+        None, description="Send stream_options.include_usage so the server reports token usage in the stream."
+    )
+    temperature: float | None = Field(None, ge=0, le=2)
+    prompt_tokens: tuple[int, int] | None = Field(None, description="[min, max] target prompt length in tokens.")
+    max_tokens: tuple[int, int] | None = Field(None, description="[min, max] output length (max_tokens) per request.")
+    extra_body: dict[str, Any] | None = Field(
+        None, description="Merged into every request body, e.g. {ignore_eos: true, min_tokens: 128} for vLLM."
+    )
+    burst_size: int | None = Field(None, ge=1, le=4096, description="batch_burst: requests released together.")
+    turns: int | None = Field(None, ge=1, le=64, description="multi_turn: turns per conversation.")
+    structure_check: Literal["none", "brackets", "fenced_block"] | None = Field(
+        None, description="code_completion: check the output's structure (off by default; random weights fail it)."
+    )
+    source: SourceConfig | None = None
+    like: Literal["short_chat", "long_context", "batch_burst", "multi_turn", "code_completion"] | None = Field(
+        None, description="For a custom scenario: the built-in one whose defaults it starts from."
+    )
+
+    @field_validator("prompt_tokens", "max_tokens", mode="before")
+    @classmethod
+    def _range(cls, v: Any) -> Any:
+        if isinstance(v, int) and not isinstance(v, bool):
+            return (v, v)
+        if isinstance(v, str) and re.fullmatch(r"\s*\d+\s*-\s*\d+\s*", v):
+            a, b = v.split("-")
+            return (int(a), int(b))
+        return v
+
+    @field_validator("prompt_tokens", "max_tokens")
+    @classmethod
+    def _range_ok(cls, v: tuple[int, int] | None) -> tuple[int, int] | None:
+        if v is not None and not (1 <= v[0] <= v[1]):
+            raise ValueError(f"expected [min, max] with 1 <= min <= max, got {list(v)}")
+        return v
+
+
+class LoadConfig(_Model):
+    concurrency: int | None = Field(
+        None, ge=1, le=100_000, description="Closed loop: this many requests always in flight. Default 8."
+    )
+    rate: float | None = Field(None, gt=0, description="Open loop: requests per second (instead of concurrency).")
+    arrival: Literal["poisson", "constant"] = Field("poisson", description="Open-loop arrival process.")
+    max_in_flight: int = Field(
+        1024, ge=1, description="Open loop: cap on requests in flight; sends beyond it are counted as late."
+    )
+    mix: dict[str, float] = Field(
+        default_factory=lambda: {
+            "short_chat": 4,
+            "long_context": 1,
+            "batch_burst": 1,
+            "multi_turn": 2,
+            "code_completion": 1,
+        },
+        description="Scenario name -> weight (proportion of requests).",
+    )
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> "LoadConfig":
+        if self.concurrency is not None and self.rate is not None:
+            raise ValueError("set either concurrency (closed loop) or rate (open loop), not both")
+        return self
+
+    @field_validator("mix")
+    @classmethod
+    def _mix(cls, v: dict[str, float]) -> dict[str, float]:
+        if not v:
+            raise ValueError("the mix needs at least one scenario with a positive weight")
+        for name, w in v.items():
+            if not _NAME.match(name):
+                raise ValueError(f"scenario name {name!r} must be lower_snake_case (a Prometheus label value)")
+            if w < 0:
+                raise ValueError(f"weight of {name!r} must be >= 0, got {w}")
+        if sum(v.values()) <= 0:
+            raise ValueError("the mix needs at least one scenario with a positive weight")
+        return v
+
+    @property
+    def closed_loop(self) -> bool:
+        return self.rate is None
+
+    @property
+    def effective_concurrency(self) -> int:
+        return self.concurrency or 8
+
+
+class RunConfig(_Model):
+    duration: Duration = Field(43200.0, gt=0, description="Length of the soak (after which it ends): 45s, 30m, 12h.")
+    warmup: Duration = Field(120.0, ge=0, description="Load before the first window; excluded from statistics.")
+    window: Duration = Field(1800.0, gt=0, description="Tumbling analysis window (the method's 30 minutes).")
+    max_requests: int | None = Field(None, ge=1, description="End the run after this many requests were sent.")
+    grace: Duration = Field(30.0, ge=0, description="On shutdown, how long in-flight requests may take to drain.")
+    seed: int = Field(0, description="Seeds prompts, arrivals and the mix: same seed, same traffic.")
+    state_dir: Path = Field(Path("./soakd-state"), description="Where the run's state and reports go.")
+
+
+class MetricsConfig(_Model):
+    host: str = Field("0.0.0.0", description="Listen address of /metrics, /healthz, /readyz, /status.")
+    port: int = Field(9400, ge=0, le=65535, description="Listen port (0: any free port).")
+
+
+class LogConfig(_Model):
+    format: Literal["auto", "json", "console"] = Field(
+        "auto", description="json lines, console, or auto (console on a terminal, json otherwise)."
+    )
+    level: Literal["debug", "info", "warning", "error"] = Field("info")
+    progress: bool | None = Field(None, description="Live progress line; default: on when stderr is a terminal.")
+    summary_interval: Duration = Field(60.0, gt=0, description="How often a summary line is logged.")
+
+
+class SoakConfig(_Model):
+    target: TargetConfig = Field(default_factory=TargetConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+    load: LoadConfig = Field(default_factory=LoadConfig)
+    scenarios: dict[str, ScenarioConfig] = Field(
+        default_factory=dict, description="Overrides of built-in scenarios and custom scenarios, by name."
+    )
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+    sim: SimConfig = Field(default_factory=SimConfig, description="The embedded simulator (soakd sim / soakd demo).")
+
+    @field_validator("scenarios")
+    @classmethod
+    def _names(cls, v: dict[str, ScenarioConfig]) -> dict[str, ScenarioConfig]:
+        for name, sc in v.items():
+            if not _NAME.match(name):
+                raise ValueError(f"scenario name {name!r} must be lower_snake_case (a Prometheus label value)")
+            if name not in BUILTIN_SCENARIOS and sc.like is None and sc.source is None:
+                raise ValueError(
+                    f"custom scenario {name!r} needs 'like: <built-in>' or a 'source' (jsonl/sharegpt dataset)"
+                )
+        return v
+
+    @model_validator(mode="after")
+    def _mix_known(self) -> "SoakConfig":
+        unknown = [n for n in self.load.mix if n not in BUILTIN_SCENARIOS and n not in self.scenarios]
+        if unknown:
+            raise ValueError(
+                f"load.mix names unknown scenario(s) {unknown}; built-in: {list(BUILTIN_SCENARIOS)}, "
+                f"or define them under scenarios:"
+            )
+        if self.run.window < 1.0:
+            raise ValueError("run.window must be at least 1s")
+        if self.target.api_key_env and self.target.api_key_file:
+            raise ValueError("target: set api_key_env or api_key_file, not both")
+        return self
+
+    # ---- secrets -----------------------------------------------------------------------
+    def api_key(self) -> str | None:
+        """Read the API key from its env var or file. Raises ConfigError when it is configured but absent."""
+        t = self.target
+        if t.api_key_env:
+            key = os.environ.get(t.api_key_env)
+            if not key:
+                raise ConfigError([f"target.api_key_env: environment variable {t.api_key_env} is not set or empty"])
+            return key.strip()
+        if t.api_key_file:
+            try:
+                key = t.api_key_file.read_text(encoding="utf-8").strip().splitlines()[0].strip()
+            except (OSError, IndexError) as exc:
+                raise ConfigError([f"target.api_key_file: cannot read an API key from {t.api_key_file}: {exc}"]) from None
+            if not key:
+                raise ConfigError([f"target.api_key_file: {t.api_key_file} is empty"])
+            return key
+        return None
+
+    def redacted(self) -> dict[str, Any]:
+        """The effective configuration as plain data (durations as '30m'); holds no secret by construction."""
+        return self.model_dump(mode="json")
+
+
+# ---- loading: file < env < flags ------------------------------------------------------------
+
+ENV_PREFIX = "SOAKD_"
+
+
+def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
+    node = tree
+    for key in path[:-1]:
+        nxt = node.get(key)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            node[key] = nxt
+        node = nxt
+    node[path[-1]] = value
+
+
+def env_overrides(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """``SOAKD_RUN__DURATION=1h`` -> ``{"run": {"duration": "1h"}}`` (``__`` nests). Values are YAML scalars,
+    so ``SOAKD_LOAD__CONCURRENCY=16`` is an int and ``SOAKD_LOAD__MIX='{short_chat: 1}'`` a mapping."""
+    environ = os.environ if environ is None else environ
+    out: dict[str, Any] = {}
+    for key, raw in environ.items():
+        if not key.startswith(ENV_PREFIX) or key in ("SOAKD_CONFIG",):
+            continue
+        path = [p.lower() for p in key[len(ENV_PREFIX):].split("__") if p]
+        if not path or path[0] not in SoakConfig.model_fields:
+            continue
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else raw
+        except yaml.YAMLError:
+            value = raw
+        _set_path(out, path, value)
+    return out
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict) and key not in ("mix",):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _fmt_loc(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc if not (isinstance(p, str) and p.startswith("function-"))) or "(top level)"
+
+
+def format_validation_error(exc: ValidationError, where: str = "") -> list[str]:
+    lines = []
+    for err in exc.errors(include_url=False):
+        loc = _fmt_loc(err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field (check the spelling; see examples/soak.yaml for every field)"
+        shown = err.get("input")
+        value = ""
+        if err["type"] not in ("missing",) and not isinstance(shown, (dict, list)) and "api_key" not in loc:
+            value = f" (got {shown!r})"
+        lines.append(f"{loc}: {msg}{value}{where}")
+    return lines
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([f"config file {path}: cannot read it: {exc.strerror or exc}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError([f"config file {path}: not valid YAML{where}: {problem}"]) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"config file {path}: expected a mapping of sections (target:, run:, load: ...), got {type(data).__name__}"])
+    return data
+
+
+def load_config(
+    path: Path | str | None = None,
+    overrides: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
+) -> SoakConfig:
+    """Build the effective configuration. Raises ConfigError listing every problem."""
+    data: dict[str, Any] = read_yaml(Path(path)) if path else {}
+    data = deep_merge(data, env_overrides(environ))
+    if overrides:
+        data = deep_merge(data, overrides)
+    try:
+        return SoakConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from None

@@ -1,0 +1,200 @@
+"""The load driver: a plain asyncio loop over the workload, closed loop (N workers) or open
+loop (seeded arrival times, capped in flight). Request errors are data; nothing here raises
+into the loop. It ends at the duration, at ``max_requests``, or when ``stop()`` is called, then
+drains in-flight requests within the grace period and cancels the rest (recorded as cancelled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import structlog
+
+from soakd.analysis.window import Timeline
+from soakd.client.openai import OpenAIClient
+from soakd.client.records import Outcome, RequestRecord
+from soakd.config import LoadConfig
+from soakd.recorder import Recorder
+from soakd.workload.arrivals import arrivals
+from soakd.workload.workload import PlannedRequest, Workload
+
+log = structlog.get_logger("soakd.driver")
+
+LATE_THRESHOLD = 0.010
+
+
+class LoadDriver:
+    def __init__(
+        self,
+        load: LoadConfig,
+        client: OpenAIClient,
+        workload: Workload,
+        recorder: Recorder,
+        timeline: Timeline,
+        max_requests: int | None = None,
+        seed: int = 0,
+        paused: Callable[[], bool] | None = None,
+    ) -> None:
+        self.load = load
+        self.client = client
+        self.workload = workload
+        self.recorder = recorder
+        self.timeline = timeline
+        self.max_requests = max_requests
+        self.seed = seed
+        self._stop = asyncio.Event()
+        self._tasks: set[asyncio.Task] = set()
+        self.issued = 0
+        self.stop_reason = ""
+
+    # ---- control
+    def stop(self, reason: str = "stopped") -> None:
+        if not self._stop.is_set():
+            self.stop_reason = reason
+            self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def _budget_left(self, n: int) -> bool:
+        if self.max_requests is not None and self.issued + n > self.max_requests:
+            if self.issued >= self.max_requests:
+                self.stop("max_requests")
+                return False
+        return True
+
+    # ---- one request
+    async def _one(self, planned: PlannedRequest, window: int) -> RequestRecord:
+        sc = planned.scenario
+        rec = RequestRecord(sc.name, sc.endpoint, sc.stream)
+        rec.window = window
+        rec.warmup = window < 0
+        rec.expected_prompt_tokens = planned.expected_prompt_tokens
+        rec.max_tokens = planned.max_tokens
+        loop = asyncio.get_running_loop()
+        self.recorder.started(rec, loop.time())
+        try:
+            await self.client.execute(rec, planned.body, sc.structure_check)
+        finally:
+            # also on cancellation: the record (outcome cancelled) is counted, then it propagates
+            self.recorder.finished(rec)
+            if planned.conversation is not None:
+                self.workload.finish_turn(planned, rec.ok, rec.text)
+        return rec
+
+    async def _unit(self, window: int) -> bool:
+        """Run one unit; True when the target could not be reached (the caller backs off)."""
+        unit = self.workload.next_unit(max(window, 0))
+        take = len(unit)
+        if self.max_requests is not None:
+            take = min(take, self.max_requests - self.issued)
+            if take <= 0:
+                self.stop("max_requests")
+                return False
+            unit = unit[:take]
+        self.issued += take
+        if self.max_requests is not None and self.issued >= self.max_requests:
+            self.stop("max_requests")
+        if take == 1:
+            recs = [await self._one(unit[0], window)]
+        else:
+            recs = await asyncio.gather(*(self._one(p, window) for p in unit))
+        return any(r.outcome is Outcome.CONNECTION_ERROR for r in recs)
+
+    # ---- loops
+    async def _worker(self) -> None:
+        loop = asyncio.get_running_loop()
+        tl = self.timeline
+        backoff = 0.0
+        while not self._stop.is_set():
+            now = loop.time()
+            if now >= tl.end:
+                self.stop("duration")
+                break
+            if await self._unit(tl.window_at(now)):
+                # target unreachable: back off (50 ms doubling to 2 s) instead of spinning on refusals
+                backoff = min(2.0, backoff * 2 or 0.05)
+                try:
+                    await asyncio.wait_for(self._stop.wait(), backoff)
+                except TimeoutError:
+                    pass
+            else:
+                backoff = 0.0
+
+    async def _open_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        tl = self.timeline
+        cap = self.load.max_in_flight
+        slots = asyncio.Semaphore(cap)
+        late = self.recorder.metrics.late_sends
+        stop_wait = asyncio.ensure_future(self._stop.wait())
+        try:
+            for t in arrivals(self.load.arrival, float(self.load.rate or 1.0), tl.start, self.seed):
+                if t >= tl.end:
+                    self.stop("duration")
+                    break
+                delay = t - loop.time()
+                if delay > 0:
+                    await asyncio.wait((stop_wait,), timeout=delay)
+                if self._stop.is_set():
+                    break
+                if slots.locked():
+                    # the cap is reached: wait for a slot (or the stop), and count the send as late
+                    acq = asyncio.ensure_future(slots.acquire())
+                    await asyncio.wait((acq, stop_wait), return_when=asyncio.FIRST_COMPLETED)
+                    if not acq.done():
+                        acq.cancel()
+                        break
+                else:
+                    await slots.acquire()
+                now = loop.time()
+                if now - t > LATE_THRESHOLD:
+                    late.inc(())
+                task = loop.create_task(self._unit_released(tl.window_at(now), slots))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        finally:
+            stop_wait.cancel()
+
+    async def _unit_released(self, window: int, slots: asyncio.Semaphore) -> None:
+        try:
+            await self._unit(window)
+        finally:
+            slots.release()
+
+    async def run(self, grace: float = 30.0) -> None:
+        """Drive load until the end; then drain (``grace`` seconds) and cancel what is left."""
+        loop = asyncio.get_running_loop()
+        if self.load.closed_loop:
+            for _ in range(self.load.effective_concurrency):
+                task = loop.create_task(self._worker())
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            stopper = loop.create_task(self._stop_at_end())
+            await self._stop.wait()
+            stopper.cancel()
+        else:
+            stopper = loop.create_task(self._stop_at_end())
+            await self._open_loop()
+            stopper.cancel()
+        await self.drain(grace)
+
+    async def _stop_at_end(self) -> None:
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(max(0.0, self.timeline.end - loop.time()))
+        self.stop("duration")
+
+    async def drain(self, grace: float) -> None:
+        pending = set(self._tasks)
+        if not pending:
+            return
+        if grace > 0:
+            log.info("draining", in_flight=self.recorder.in_flight, grace_seconds=grace)
+            _done, pending = await asyncio.wait(pending, timeout=grace)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+            log.warning("drain_grace_expired", cancelled_units=len(pending))

@@ -1,0 +1,291 @@
+"""Every metric soakd exports, defined in one place (the metric contract of DESIGN.md).
+
+Two kinds of instruments feed one custom collector:
+
+- soakd's own events (requests, tokens, errors) go to small lock-free counters and histograms
+  owned by the event loop (``Counter``/``Histogram`` below). They are cheaper than
+  prometheus_client's locked instruments on the hot path, pre-initialise their label sets, and
+  are exposed as ordinary Prometheus counters and histograms.
+- sampled state (progress, target up, later GPU and server snapshots) is read from plain
+  gauges or snapshot callbacks at scrape time; ``collect()`` does no I/O.
+
+``CATALOGUE`` is the single list of names, types, labels and help texts. The README's metric
+table is generated from it (``soakd metrics --markdown``) and a test keeps them in sync.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from soakd.client.records import OUTCOMES
+
+Kind = Literal["counter", "gauge", "histogram", "info"]
+
+# Buckets are API: dashboards and alert rules quantile over them.
+TTFT_BUCKETS = (
+    0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+    1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0,
+)
+ITL_BUCKETS = (
+    0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04,
+    0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0,
+)
+E2E_BUCKETS = (
+    0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0,
+    30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0,
+)
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str  # exposition name; counters include their _total suffix
+    kind: Kind
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+    group: str = "load"
+
+
+CATALOGUE: tuple[MetricSpec, ...] = (
+    # ---- load and client side
+    MetricSpec("soakd_requests_total", "counter",
+               "Measured requests (after warm-up) by scenario and outcome (ok, http_error, timeout, "
+               "connection_error, invalid_response, cancelled).", ("scenario", "outcome")),
+    MetricSpec("soakd_request_failures_total", "counter",
+               "Failed measured requests by scenario and bounded reason (http_429, http_5xx, "
+               "first_token_timeout, truncated_stream, garbled_output, ...).", ("scenario", "reason")),
+    MetricSpec("soakd_requests_in_flight", "gauge", "Requests sent and not yet finished (warm-up included)."),
+    MetricSpec("soakd_request_duration_seconds", "histogram",
+               "End-to-end request latency of successful measured requests.", ("scenario",), E2E_BUCKETS),
+    MetricSpec("soakd_time_to_first_token_seconds", "histogram",
+               "Time from sending to the first streamed content token (streamed, successful, measured requests).",
+               ("scenario",), TTFT_BUCKETS),
+    MetricSpec("soakd_inter_token_latency_seconds", "histogram",
+               "Gaps between consecutive streamed content events (successful, measured requests).",
+               ("scenario",), ITL_BUCKETS),
+    MetricSpec("soakd_prompt_tokens_total", "counter",
+               "Prompt tokens of successful measured requests (server-reported usage).", ("scenario",)),
+    MetricSpec("soakd_completion_tokens_total", "counter",
+               "Completion tokens of successful measured requests (server usage; counted stream events "
+               "where the server reports none).", ("scenario",)),
+    MetricSpec("soakd_usage_missing_total", "counter",
+               "Successful responses without a usage block; their completion tokens were counted from "
+               "stream events.", ("scenario",)),
+    MetricSpec("soakd_warmup_requests_total", "counter",
+               "Warm-up requests by outcome; excluded from every other load statistic.", ("outcome",)),
+    MetricSpec("soakd_late_sends_total", "counter",
+               "Open loop: sends that left more than 10 ms after their scheduled time (max_in_flight "
+               "reached or the process fell behind)."),
+    MetricSpec("soakd_target_up", "gauge",
+               "1 while the target answers (last request reached it, or /v1/models answered), else 0."),
+    # ---- run progress
+    MetricSpec("soakd_soak_elapsed_seconds", "gauge", "Seconds since the soak started sending load.", group="run"),
+    MetricSpec("soakd_soak_progress_ratio", "gauge", "Elapsed share of the configured duration, 0-1.", group="run"),
+    MetricSpec("soakd_warmup_active", "gauge", "1 during warm-up, 0 afterwards.", group="run"),
+    MetricSpec("soakd_window_index", "gauge",
+               "Index of the current analysis window (0 = first window after warm-up; -1 during warm-up).",
+               group="run"),
+    MetricSpec("soakd_run_start_timestamp_seconds", "gauge", "Unix time the run started.", group="run"),
+    MetricSpec("soakd_build_info", "info", "soakd version (value 1).", ("version",), group="self"),
+)
+
+BY_NAME: dict[str, MetricSpec] = {m.name: m for m in CATALOGUE}
+
+
+def catalogue_markdown(specs: Iterable[MetricSpec] = CATALOGUE) -> str:
+    rows = ["| name | type | labels | help |", "|---|---|---|---|"]
+    for m in specs:
+        labels = ", ".join(f"`{label}`" for label in m.labels) or "—"
+        rows.append(f"| `{m.name}` | {m.kind} | {labels} | {m.help} |")
+    return "\n".join(rows) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Instruments (single-threaded: touched only from the event loop)
+
+
+class LabeledCounter:
+    __slots__ = ("spec", "values")
+
+    def __init__(self, spec: MetricSpec) -> None:
+        self.spec = spec
+        self.values: dict[tuple[str, ...], float] = {}
+
+    def init(self, *labels: str) -> None:
+        self.values.setdefault(labels, 0.0)
+
+    def inc(self, labels: tuple[str, ...], amount: float = 1.0) -> None:
+        v = self.values
+        v[labels] = v.get(labels, 0.0) + amount
+
+    def get(self, *labels: str) -> float:
+        return self.values.get(labels, 0.0)
+
+    def family(self) -> Metric:
+        base = self.spec.name.removesuffix("_total")
+        fam = CounterMetricFamily(base, self.spec.help, labels=self.spec.labels)
+        for labels, value in self.values.items():
+            fam.add_metric(list(labels), value)
+        return fam
+
+
+class Hist:
+    """One histogram child: non-cumulative counts, exposed cumulatively."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, v: float) -> None:
+        self.counts[bisect_left(self.bounds, v)] += 1
+        self.sum += v
+
+    def observe_many(self, values: Iterable[float]) -> None:
+        counts, bounds, total = self.counts, self.bounds, 0.0
+        for v in values:
+            counts[bisect_left(bounds, v)] += 1
+            total += v
+        self.sum += total
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def buckets(self) -> list[tuple[str, float]]:
+        out, acc = [], 0
+        for bound, c in zip(self.bounds, self.counts):
+            acc += c
+            out.append((_fmt_le(bound), float(acc)))
+        acc += self.counts[-1]
+        out.append(("+Inf", float(acc)))
+        return out
+
+
+def _fmt_le(b: float) -> str:
+    return repr(float(b))
+
+
+class LabeledHistogram:
+    __slots__ = ("spec", "children")
+
+    def __init__(self, spec: MetricSpec) -> None:
+        self.spec = spec
+        self.children: dict[tuple[str, ...], Hist] = {}
+
+    def child(self, *labels: str) -> Hist:
+        h = self.children.get(labels)
+        if h is None:
+            h = self.children[labels] = Hist(self.spec.buckets)
+        return h
+
+    def family(self) -> Metric:
+        fam = HistogramMetricFamily(self.spec.name, self.spec.help, labels=self.spec.labels)
+        for labels, h in self.children.items():
+            fam.add_metric(list(labels), h.buckets(), h.sum)
+        return fam
+
+
+@dataclass
+class Gauge:
+    spec: MetricSpec
+    value: float | None = 0.0  # None: not exported (unknown)
+
+    def family(self) -> Metric | None:
+        if self.value is None:
+            return None
+        fam = GaugeMetricFamily(self.spec.name, self.spec.help)
+        fam.add_metric([], self.value)
+        return fam
+
+
+SnapshotSource = Callable[[], Iterable[Metric]]
+
+
+@dataclass
+class SoakMetrics:
+    """The daemon's metric state. One per daemon (and per test): never module-global."""
+
+    scenarios: tuple[str, ...]
+    version: str = "0"
+    sources: list[SnapshotSource] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        S = BY_NAME
+        self.requests = LabeledCounter(S["soakd_requests_total"])
+        self.failures = LabeledCounter(S["soakd_request_failures_total"])
+        self.prompt_tokens = LabeledCounter(S["soakd_prompt_tokens_total"])
+        self.completion_tokens = LabeledCounter(S["soakd_completion_tokens_total"])
+        self.usage_missing = LabeledCounter(S["soakd_usage_missing_total"])
+        self.warmup_requests = LabeledCounter(S["soakd_warmup_requests_total"])
+        self.late_sends = LabeledCounter(S["soakd_late_sends_total"])
+        self.e2e = LabeledHistogram(S["soakd_request_duration_seconds"])
+        self.ttft = LabeledHistogram(S["soakd_time_to_first_token_seconds"])
+        self.itl = LabeledHistogram(S["soakd_inter_token_latency_seconds"])
+        self.in_flight = Gauge(S["soakd_requests_in_flight"])
+        self.target_up = Gauge(S["soakd_target_up"])
+        self.elapsed = Gauge(S["soakd_soak_elapsed_seconds"])
+        self.progress = Gauge(S["soakd_soak_progress_ratio"])
+        self.warmup_active = Gauge(S["soakd_warmup_active"])
+        self.window_index = Gauge(S["soakd_window_index"], -1.0)
+        self.run_start = Gauge(S["soakd_run_start_timestamp_seconds"])
+        for sc in self.scenarios:
+            for outcome in OUTCOMES:
+                self.requests.init(sc, outcome)
+            self.prompt_tokens.init(sc)
+            self.completion_tokens.init(sc)
+            self.usage_missing.init(sc)
+            self.e2e.child(sc)
+            self.ttft.child(sc)
+            self.itl.child(sc)
+        for outcome in OUTCOMES:
+            self.warmup_requests.init(outcome)
+        self.late_sends.init()
+
+    def _families(self) -> Iterator[Metric]:
+        for counter in (self.requests, self.failures, self.prompt_tokens, self.completion_tokens,
+                        self.usage_missing, self.warmup_requests, self.late_sends):
+            yield counter.family()
+        for hist in (self.e2e, self.ttft, self.itl):
+            yield hist.family()
+        for gauge in (self.in_flight, self.target_up, self.elapsed, self.progress, self.warmup_active,
+                      self.window_index, self.run_start):
+            fam = gauge.family()
+            if fam is not None:
+                yield fam
+        info = InfoMetricFamily("soakd_build", BY_NAME["soakd_build_info"].help)
+        info.add_metric([], {"version": self.version})
+        yield info
+
+    def collector(self) -> Collector:
+        metrics = self
+
+        class _SoakCollector(Collector):
+            def collect(self) -> Iterator[Metric]:
+                yield from metrics._families()
+                for source in metrics.sources:
+                    try:
+                        yield from source()
+                    except Exception:  # noqa: BLE001 - a broken snapshot source must not break /metrics
+                        continue
+
+        return _SoakCollector()
+
+    def registry(self) -> CollectorRegistry:
+        reg = CollectorRegistry(auto_describe=False)
+        reg.register(self.collector())
+        return reg

@@ -1,0 +1,189 @@
+"""Where finished requests go: the exported metrics, the open windows and the run totals.
+
+Runs on the event loop only; no locks. ``finished()`` is the hot path: a few dictionary
+updates, two or three histogram bisects and the sketch adds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from soakd.analysis.window import Timeline, WindowStats
+from soakd.client.records import OUTCOMES, Outcome, RequestRecord
+from soakd.metrics import SoakMetrics
+
+_HTTP_REASONS = {400, 401, 403, 404, 408, 413, 422, 429, 500, 502, 503, 504}
+
+
+def bounded_reason(rec: RequestRecord) -> str:
+    """A label-safe reason: the client's reasons form a fixed set, HTTP statuses are folded."""
+    r = rec.reason
+    if r.startswith("http_"):
+        status = rec.http_status
+        if status in _HTTP_REASONS:
+            return f"http_{status}"
+        return "http_4xx" if 400 <= status < 500 else "http_5xx" if 500 <= status < 600 else "http_other"
+    return r or rec.outcome.value
+
+
+class Recorder:
+    def __init__(
+        self,
+        metrics: SoakMetrics,
+        timeline: Timeline,
+        on_window_closed: Callable[[dict[str, Any]], None] | None = None,
+        max_windows_kept: int = 2000,
+    ) -> None:
+        self.metrics = metrics
+        self.timeline = timeline
+        self.on_window_closed = on_window_closed
+        self.windows: dict[int, WindowStats] = {}
+        self.closed: deque[dict[str, Any]] = deque(maxlen=max_windows_kept)
+        self.in_flight = 0
+        self.sent = 0
+        self.finished_count = 0
+        self.outcomes: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
+        self.measured = 0
+        self.completion_tokens = 0
+        self.prompt_tokens = 0
+        self.last_error: str = ""
+        self._target_up_cb: Callable[[bool], None] | None = None
+        self._last_closed_index = -2
+        self.prompt_token_error: list[float] = []  # (server prompt tokens / expected) - 1, bounded sample
+        self._calib_n = 0
+
+    # ---- request lifecycle
+    def window_for(self, index: int, now: float) -> WindowStats:
+        w = self.windows.get(index)
+        if w is None:
+            if index < 0:
+                s, e = self.timeline.start, self.timeline.first_window_start
+            else:
+                s, e = self.timeline.window_bounds(index)
+            w = self.windows[index] = WindowStats(index, s, e, time.time() - (now - s))
+        return w
+
+    def started(self, rec: RequestRecord, now: float) -> None:
+        self.in_flight += 1
+        self.sent += 1
+        self.metrics.in_flight.value = self.in_flight
+        w = self.window_for(rec.window, now)
+        w.in_flight += 1
+
+    def finished(self, rec: RequestRecord) -> None:
+        m = self.metrics
+        self.in_flight -= 1
+        m.in_flight.value = self.in_flight
+        self.finished_count += 1
+        outcome = rec.outcome
+        self.outcomes[outcome.value] += 1
+        if outcome is Outcome.CONNECTION_ERROR or (outcome is Outcome.TIMEOUT and not rec.http_status):
+            self.set_target_up(False)
+        elif rec.http_status:
+            self.set_target_up(True)
+        if outcome is not Outcome.OK and outcome is not Outcome.CANCELLED:
+            self.last_error = f"{rec.scenario}: {outcome.value}/{rec.reason} {rec.error}"[:300]
+        w = self.windows.get(rec.window)
+        if rec.warmup:
+            m.warmup_requests.inc((outcome.value,))
+            if w is not None:
+                w.in_flight -= 1
+            return
+        self.measured += 1
+        sc = rec.scenario
+        m.requests.inc((sc, outcome.value))
+        gaps = None
+        if outcome is Outcome.OK:
+            m.e2e.child(sc).observe((rec.t_end_ns - rec.t_start_ns) / 1e9)
+            times = rec.token_times_ns
+            if rec.stream and times:
+                m.ttft.child(sc).observe((times[0] - rec.t_start_ns) / 1e9)
+                if len(times) > 1:
+                    gaps = [(times[i] - times[i - 1]) / 1e9 for i in range(1, len(times))]
+                    m.itl.child(sc).observe_many(gaps)
+            m.prompt_tokens.inc((sc,), rec.prompt_tokens)
+            m.completion_tokens.inc((sc,), rec.completion_tokens)
+            self.prompt_tokens += rec.prompt_tokens
+            self.completion_tokens += rec.completion_tokens
+            if not rec.usage_from_server:
+                m.usage_missing.inc((sc,))
+            elif rec.expected_prompt_tokens and self._calib_n < 4096:
+                self._calib_n += 1
+                self.prompt_token_error.append(rec.prompt_tokens / rec.expected_prompt_tokens - 1.0)
+        else:
+            m.failures.inc((sc, bounded_reason(rec)))
+        if w is None:
+            return
+        w.in_flight -= 1
+        if w.closed:
+            w.late_records += 1
+            return
+        w.add(rec, gaps)
+
+    def set_target_up(self, up: bool) -> None:
+        v = 1.0 if up else 0.0
+        if self.metrics.target_up.value != v:
+            self.metrics.target_up.value = v
+            if self._target_up_cb is not None:
+                self._target_up_cb(up)
+
+    # ---- windows
+    def close_due(self, now: float, final: bool = False) -> list[dict[str, Any]]:
+        """Close every window that has ended and drained (or waited long enough).
+        ``final``: the run is over; close all, the unfinished one marked partial."""
+        out = []
+        tl = self.timeline
+        upto = tl.window_at(min(now, tl.end - 1e-9))
+        for k in range(self._last_closed_index + 1, upto + 1):
+            if k >= 0:
+                self.window_for(k, now)
+        for index in sorted(self.windows):
+            w = self.windows[index]
+            if w.closed or index < 0:
+                continue
+            short = (w.end - w.start) < tl.window - 1e-6  # cut by the end of the run
+            if final:
+                partial = short or now < w.end - 1e-6
+                summary = w.summary(actual_end=min(now, w.end), partial=partial)
+            else:
+                if now < w.end:
+                    break
+                patience = min(tl.window, 120.0)
+                if w.in_flight > 0 and now < w.end + patience:
+                    continue
+                summary = w.summary(partial=short)
+            w.closed = True
+            self._last_closed_index = max(self._last_closed_index, index)
+            out.append(summary)
+            self.closed.append(summary)
+            if self.on_window_closed is not None:
+                self.on_window_closed(summary)
+        # drop closed windows' sketches (bounded memory); keep the summaries
+        for index in [i for i, w in self.windows.items() if w.closed and w.in_flight <= 0]:
+            del self.windows[index]
+        warm = self.windows.get(-1)
+        if warm is not None and (final or now >= tl.first_window_start) and warm.in_flight <= 0:
+            del self.windows[-1]
+        return out
+
+    def current(self, now: float) -> WindowStats | None:
+        idx = self.timeline.window_at(now)
+        w = self.windows.get(idx)
+        if w is None and self.windows:
+            w = self.windows[max(self.windows)]
+        return w
+
+    def prompt_length_accuracy(self) -> dict[str, float] | None:
+        errs = sorted(self.prompt_token_error)
+        if not errs:
+            return None
+        n = len(errs)
+        return {
+            "samples": n,
+            "median": errs[n // 2],
+            "p05": errs[int(n * 0.05)],
+            "p95": errs[min(n - 1, int(n * 0.95))],
+        }

@@ -1,0 +1,1 @@
+"""What soakd sends: scenarios, prompt sources, the stratified mix and arrival processes."""

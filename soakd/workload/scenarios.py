@@ -1,0 +1,182 @@
+"""Scenarios: the built-in five (defaults from the validation method) and custom ones, resolved
+from the configuration into immutable ``Scenario`` objects that build request bodies."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from soakd.config import BUILTIN_SCENARIOS, ConfigError, ScenarioConfig, SoakConfig
+from soakd.workload.corpus import Corpus, code_prompt
+
+CHAT_TEMPLATE_OVERHEAD = 8
+"""Tokens a chat template adds around one user message (Llama-3 ≈ 10, Qwen ≈ 9, the simulator 0+).
+Synthetic chat prompts are shortened by this much so usage.prompt_tokens lands near the target."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    base: str  # the built-in behaviour: short_chat, long_context, batch_burst, multi_turn, code_completion
+    endpoint: str = "chat"
+    stream: bool = True
+    include_usage: bool = True
+    temperature: float = 0.7
+    prompt_tokens: tuple[int, int] = (64, 256)
+    max_tokens: tuple[int, int] = (64, 128)
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    burst_size: int = 1
+    turns: int = 1
+    structure_check: str = "none"
+    source_type: str = "synthetic"
+    source_path: Path | None = None
+
+
+BUILTIN: dict[str, Scenario] = {
+    "short_chat": Scenario("short_chat", "short_chat", prompt_tokens=(64, 256), max_tokens=(64, 128)),
+    "long_context": Scenario("long_context", "long_context", prompt_tokens=(1900, 2100), max_tokens=(512, 512)),
+    "batch_burst": Scenario("batch_burst", "batch_burst", prompt_tokens=(32, 128), max_tokens=(32, 64), burst_size=8),
+    "multi_turn": Scenario("multi_turn", "multi_turn", prompt_tokens=(32, 128), max_tokens=(64, 128), turns=4),
+    "code_completion": Scenario(
+        "code_completion", "code_completion", prompt_tokens=(128, 512), max_tokens=(128, 256), temperature=0.2
+    ),
+}
+
+
+def resolve(name: str, cfg: ScenarioConfig | None) -> Scenario:
+    if cfg is None:
+        return BUILTIN[name]
+    base_name = name if name in BUILTIN else (cfg.like or "short_chat")
+    sc = replace(BUILTIN[base_name], name=name)
+    updates: dict[str, Any] = {}
+    for key in ("endpoint", "stream", "include_usage", "temperature", "prompt_tokens", "max_tokens",
+                "extra_body", "burst_size", "turns", "structure_check"):
+        value = getattr(cfg, key)
+        if value is not None:
+            updates[key] = value
+    if cfg.source is not None:
+        updates["source_type"] = cfg.source.type
+        updates["source_path"] = cfg.source.path
+    return replace(sc, **updates)
+
+
+def resolve_all(config: SoakConfig) -> dict[str, Scenario]:
+    """The scenarios named in the mix, resolved; dataset files are checked here (fail fast)."""
+    out = {}
+    errors = []
+    for name, weight in config.load.mix.items():
+        if weight <= 0:
+            continue
+        sc = resolve(name, config.scenarios.get(name))
+        if sc.source_path is not None and not sc.source_path.is_file():
+            errors.append(f"scenarios.{name}.source.path: file {sc.source_path} does not exist")
+        out[name] = sc
+    if errors:
+        raise ConfigError(errors)
+    return out
+
+
+# ---- prompt sources --------------------------------------------------------------------------
+
+
+def load_dataset(path: Path, kind: str) -> list[list[dict[str, str]]]:
+    """Read a JSONL (one messages list, or {"messages": [...]}, per line) or ShareGPT JSON file
+    into a list of message lists. Raises ConfigError naming the line on malformed input."""
+    where = f"dataset {path}"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([f"{where}: cannot read it: {exc}"]) from None
+    items: list[list[dict[str, str]]] = []
+    if kind == "jsonl":
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError as exc:
+                raise ConfigError([f"{where} line {lineno}: not valid JSON: {exc}"]) from None
+            msgs = obj.get("messages") if isinstance(obj, dict) else obj
+            if not _valid_messages(msgs):
+                raise ConfigError([f"{where} line {lineno}: expected an OpenAI messages list "
+                                   '([{"role": "user", "content": "..."}]) or {"messages": [...]}'])
+            items.append(msgs)
+    else:
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ConfigError([f"{where}: not valid JSON: {exc}"]) from None
+        roles = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                 "system": "system", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant"}
+        for i, entry in enumerate(data if isinstance(data, list) else []):
+            conv = entry.get("conversations") if isinstance(entry, dict) else None
+            if not isinstance(conv, list):
+                continue
+            msgs = []
+            for turn in conv:
+                if not isinstance(turn, dict):
+                    break
+                role = roles.get(str(turn.get("from", "")).lower())
+                value = turn.get("value")
+                if role is None or not isinstance(value, str):
+                    break
+                msgs.append({"role": role, "content": value})
+                if role == "user":
+                    break  # up to the first user turn: the model answers it
+            if msgs and msgs[-1]["role"] == "user":
+                items.append(msgs)
+        if not isinstance(data, list):
+            raise ConfigError([f"{where}: expected a ShareGPT list of {{\"conversations\": [...]}}"])
+    if not items:
+        raise ConfigError([f"{where}: no usable prompts in it"])
+    return items
+
+
+def _valid_messages(msgs: Any) -> bool:
+    return (
+        isinstance(msgs, list)
+        and bool(msgs)
+        and all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in msgs)
+    )
+
+
+class PromptSource:
+    """Messages for one scenario, deterministic from the seed."""
+
+    def __init__(self, scenario: Scenario, corpus: Corpus, seed: int) -> None:
+        self.sc = scenario
+        self.corpus = corpus
+        self.rng = random.Random(f"{seed}-{scenario.name}")
+        self.dataset: list[list[dict[str, str]]] | None = None
+        self._order: list[int] = []
+        self._pos = 0
+        if scenario.source_type != "synthetic" and scenario.source_path is not None:
+            self.dataset = load_dataset(scenario.source_path, scenario.source_type)
+            self._order = list(range(len(self.dataset)))
+            self.rng.shuffle(self._order)
+
+    def length(self) -> int:
+        lo, hi = self.sc.prompt_tokens
+        return lo if lo == hi else self.rng.randint(lo, hi)
+
+    def max_tokens(self) -> int:
+        lo, hi = self.sc.max_tokens
+        return lo if lo == hi else self.rng.randint(lo, hi)
+
+    def messages(self, target_tokens: int) -> list[dict[str, str]]:
+        if self.dataset is not None:
+            msgs = self.dataset[self._order[self._pos % len(self._order)]]
+            self._pos += 1
+            return msgs
+        if self.sc.base == "code_completion":
+            text = code_prompt(self.rng, self.corpus, target_tokens - CHAT_TEMPLATE_OVERHEAD)
+        else:
+            text = self.corpus.text(self.rng, target_tokens - CHAT_TEMPLATE_OVERHEAD)
+        return [{"role": "user", "content": text}]
+
+    def turn_text(self, target_tokens: int) -> str:
+        return self.corpus.text(self.rng, target_tokens)

@@ -1,0 +1,99 @@
+"""Turns the mix into units of work: one request, a burst of N, or the next turn of a conversation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from soakd.workload.corpus import Corpus
+from soakd.workload.mix import StratifiedMix
+from soakd.workload.scenarios import PromptSource, Scenario
+
+
+@dataclass
+class Conversation:
+    scenario: Scenario
+    messages: list[dict[str, str]] = field(default_factory=list)
+    turn: int = 0
+    busy: bool = False
+
+
+@dataclass
+class PlannedRequest:
+    scenario: Scenario
+    body: dict[str, Any]
+    expected_prompt_tokens: int
+    max_tokens: int
+    conversation: Conversation | None = None
+
+
+class Workload:
+    """Builds request bodies. Deterministic for a given seed and sequence of calls."""
+
+    def __init__(self, scenarios: dict[str, Scenario], weights: dict[str, float], model: str, seed: int = 0,
+                 corpus: Corpus | None = None) -> None:
+        self.scenarios = scenarios
+        self.model = model
+        # weights are shares of requests; a batch_burst pick releases burst_size requests at once
+        self.mix = StratifiedMix(
+            {n: w / max(1, scenarios[n].burst_size) for n, w in weights.items() if n in scenarios}, seed
+        )
+        corpus = corpus or Corpus(seed)
+        self.sources = {name: PromptSource(sc, corpus, seed) for name, sc in scenarios.items()}
+        self._idle_conversations: dict[str, list[Conversation]] = {n: [] for n in scenarios}
+
+    def next_unit(self, window: int = 0) -> list[PlannedRequest]:
+        name = self.mix.next(window)
+        sc = self.scenarios[name]
+        if sc.base == "batch_burst":
+            return [self._single(sc) for _ in range(sc.burst_size)]
+        if sc.base == "multi_turn" or sc.turns > 1:
+            return [self._turn(sc)]
+        return [self._single(sc)]
+
+    # ---- bodies
+    def _body(self, sc: Scenario, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens, "temperature": sc.temperature}
+        if sc.endpoint == "chat":
+            body["messages"] = messages
+        else:
+            body["prompt"] = "\n\n".join(m["content"] for m in messages)
+        if sc.stream:
+            body["stream"] = True
+            if sc.include_usage:
+                body["stream_options"] = {"include_usage": True}
+        if sc.extra_body:
+            body.update(sc.extra_body)
+        return body
+
+    def _single(self, sc: Scenario) -> PlannedRequest:
+        src = self.sources[sc.name]
+        n = src.length()
+        mt = src.max_tokens()
+        return PlannedRequest(sc, self._body(sc, src.messages(n), mt), n, mt)
+
+    def _turn(self, sc: Scenario) -> PlannedRequest:
+        src = self.sources[sc.name]
+        idle = self._idle_conversations[sc.name]
+        conv = idle.pop() if idle else None
+        n = src.length()
+        if conv is None:
+            conv = Conversation(sc, messages=list(src.messages(n)))
+        else:
+            conv.messages = conv.messages + [{"role": "user", "content": src.turn_text(n)}]
+        conv.turn += 1
+        conv.busy = True
+        mt = src.max_tokens()
+        expected = n + sum(len(m["content"].split()) for m in conv.messages[:-1])
+        return PlannedRequest(sc, self._body(sc, conv.messages, mt), expected, mt, conv)
+
+    def finish_turn(self, planned: PlannedRequest, ok: bool, reply: str) -> None:
+        """Called when a conversation turn completed: the reply joins the history, or the
+        conversation ends (failed turn, or all turns done)."""
+        conv = planned.conversation
+        if conv is None:
+            return
+        conv.busy = False
+        if ok and conv.turn < conv.scenario.turns:
+            conv.messages = conv.messages + [{"role": "assistant", "content": reply}]
+            self._idle_conversations[conv.scenario.name].append(conv)
