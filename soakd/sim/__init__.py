@@ -1,0 +1,28 @@
+"""The embedded simulated inference server: a vLLM-like OpenAI-compatible API with
+vLLM's ``/metrics``, a latency/KV-cache model and injectable faults (``soakd sim``)."""
+
+from soakd.sim.config import SimConfig, SimFaults
+from soakd.sim.model import SimModel
+from soakd.sim.server import (
+    SIM_STATE,
+    SimServer,
+    add_sim_arguments,
+    build_app,
+    serve_forever,
+    sim_config_from_args,
+)
+from soakd.sim.text import count_chat_tokens, count_tokens
+
+__all__ = [
+    "SIM_STATE",
+    "SimConfig",
+    "SimFaults",
+    "SimModel",
+    "SimServer",
+    "add_sim_arguments",
+    "build_app",
+    "count_chat_tokens",
+    "count_tokens",
+    "serve_forever",
+    "sim_config_from_args",
+]

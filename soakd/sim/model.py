@@ -1,0 +1,535 @@
+"""The simulator's engine state: admission, KV-cache blocks, latency model, faults, metrics.
+
+Everything here is synchronous and cheap except :meth:`SimModel.admit`, which awaits a
+running slot. Time for the drift model comes from an injectable ``clock`` (``time.monotonic``
+by default), so the state machine can be tested without sleeping.
+
+Engine model
+------------
+* A request is *waiting* until a running slot is free (``max_batch``) and the KV cache has
+  room for its prompt; admission is first-come first-served (head-of-line blocking, like
+  vLLM's FCFS scheduler). A request is always admitted when nothing is running, so a full
+  (e.g. leaked) cache slows the server down instead of deadlocking it.
+* A running request holds ``ceil((prompt + generated) / kv_block_size)`` blocks. When
+  decoding grows the cache past its capacity the request is counted once in
+  ``vllm:num_preemptions_total`` (the simulator does not actually re-schedule it);
+  ``vllm:kv_cache_usage_perc`` is clamped to 1.
+* Leaked blocks (fault ``kv_leak_*``) stay held until the state is replaced (restart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from soakd.sim.config import SimConfig
+
+__all__ = [
+    "FINISH_REASONS",
+    "FaultPlan",
+    "Histogram",
+    "SimCollector",
+    "SimModel",
+    "SimRequest",
+]
+
+FINISH_REASONS = ("stop", "length", "abort")
+
+# Bucket boundaries as current vLLM (V1 engine) defines them in vllm/v1/metrics/loggers.py.
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+TOKEN_LATENCY_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+REQUEST_LATENCY_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+
+WAITING, RUNNING, DONE = 0, 1, 2
+
+
+def build_1_2_5_buckets(max_value: int) -> tuple[float, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to *max_value* (vLLM's token-count buckets)."""
+    out: list[float] = []
+    exponent = 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10**exponent
+            if value > max_value:
+                return tuple(out)
+            out.append(float(value))
+        exponent += 1
+
+
+class Histogram:
+    """A minimal cumulative histogram (no locks, no labels): cheap enough per token."""
+
+    __slots__ = ("bounds", "count", "counts", "sum")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float, n: int = 1) -> None:
+        """Record *value* *n* times."""
+        self.counts[bisect_left(self.bounds, value)] += n
+        self.sum += value * n
+        self.count += n
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        out, running = [], 0
+        for bound, count in zip(self.bounds, self.counts, strict=False):
+            running += count
+            out.append((_fmt_bound(bound), running))
+        out.append(("+Inf", self.count))
+        return out
+
+
+def _fmt_bound(bound: float) -> str:
+    return repr(float(bound))
+
+
+@dataclass(slots=True)
+class FaultPlan:
+    """The faults drawn for one request. Token indexes are 0-based output positions."""
+
+    status: int | None = None  # 500 or 429: answered at once with an error
+    stall_at: int | None = None  # the stream pauses before emitting this token
+    truncate_at: int | None = None  # the connection is aborted before this token
+    malformed_at: int | None = None  # this token's chunk is not valid JSON
+    garbled: bool = False
+    empty: bool = False
+
+
+class SimRequest:
+    """One request's engine-side state."""
+
+    __slots__ = (
+        "blocks",
+        "generated",
+        "id",
+        "max_tokens",
+        "preempted",
+        "prompt_tokens",
+        "queued_ahead",
+        "state",
+        "t_admitted",
+        "t_arrival",
+        "waiter",
+    )
+
+    def __init__(self, request_id: str, prompt_tokens: int, max_tokens: int, now: float) -> None:
+        self.id = request_id
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.generated = 0
+        self.blocks = 0
+        self.state = WAITING
+        self.t_arrival = now
+        self.t_admitted: float | None = None
+        self.waiter: asyncio.Future[None] | None = None
+        self.queued_ahead = 0
+        self.preempted = False
+
+
+class SimModel:
+    """The engine state machine behind one incarnation of the simulated server."""
+
+    def __init__(self, config: SimConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.clock = clock
+        self.started = clock()
+        seed = config.seed
+        # Separate streams so jitter draws never shift the fault sequence and vice versa.
+        self.fault_rng = random.Random(seed)
+        self.latency_rng = random.Random(seed * 7919 + 1)
+        self.text_rng = random.Random(seed * 7919 + 2)
+
+        self.running = 0
+        self.waiting: deque[SimRequest] = deque()
+        self.kv_held = 0  # blocks held by running requests + leaked blocks
+        self.kv_leaked = 0
+
+        self.requests_finished = 0
+        self.num_preemptions = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.request_success = dict.fromkeys(FINISH_REASONS, 0)
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.itl = Histogram(TOKEN_LATENCY_BUCKETS)
+        self.request_tpot = Histogram(TOKEN_LATENCY_BUCKETS)
+        self.e2e = Histogram(REQUEST_LATENCY_BUCKETS)
+        self.queue_time = Histogram(REQUEST_LATENCY_BUCKETS)
+        token_buckets = build_1_2_5_buckets(config.max_model_len)
+        self.request_prompt_tokens = Histogram(token_buckets)
+        self.request_generation_tokens = Histogram(token_buckets)
+
+    # ------------------------------------------------------------------ latency model
+
+    def latency_multiplier(self) -> float:
+        """1 + drift_pct/100 * uptime_hours (floored at 0.05)."""
+        pct = self.config.faults.latency_drift_pct_per_hour
+        if not pct:
+            return 1.0
+        hours = (self.clock() - self.started) / 3600.0
+        return max(0.05, 1.0 + pct / 100.0 * hours)
+
+    def noise(self) -> float:
+        """A multiplicative noise factor (1.0 when jitter is 0)."""
+        jitter = self.config.jitter
+        if not jitter:
+            return 1.0
+        return max(0.0, 1.0 + jitter * self.latency_rng.gauss(0.0, 1.0))
+
+    def prefill_seconds(self, prompt_tokens: int, queued_ahead: int, multiplier: float) -> float:
+        """Time from admission to the first token."""
+        cfg = self.config
+        base = (
+            cfg.ttft_base
+            + cfg.ttft_per_prompt_token * prompt_tokens
+            + cfg.ttft_per_queued * queued_ahead
+        )
+        if base <= 0:
+            return 0.0
+        return base * multiplier * self.noise()
+
+    def tpot_seconds(self, multiplier: float) -> float:
+        """Time for the next output token, given the current batch."""
+        cfg = self.config
+        base = cfg.tpot_base + cfg.tpot_per_batch * (self.running - 1 if self.running > 1 else 0)
+        if base <= 0:
+            return 0.0
+        if cfg.jitter:
+            return base * multiplier * self.noise()
+        return base * multiplier
+
+    # ------------------------------------------------------------------ faults
+
+    def plan_faults(self, max_tokens: int) -> FaultPlan:
+        """Draw this request's faults. Always consumes the same number of RNG draws."""
+        f = self.config.faults
+        rng = self.fault_rng
+        draws = [rng.random() for _ in range(7)]
+        positions = [rng.randrange(max(1, max_tokens)) for _ in range(3)]
+        plan = FaultPlan()
+        if draws[0] < f.error_rate_500:
+            plan.status = 500
+            return plan
+        if draws[1] < f.error_rate_429:
+            plan.status = 429
+            return plan
+        # Mid-stream positions: after the first token whenever there is more than one.
+        mid = [p if max_tokens < 2 else 1 + p % (max_tokens - 1) for p in positions]
+        if draws[2] < f.stall_rate:
+            plan.stall_at = mid[0]
+        if draws[3] < f.truncate_rate:
+            plan.truncate_at = mid[1]
+        if draws[4] < f.malformed_rate:
+            plan.malformed_at = mid[2]
+        plan.garbled = draws[5] < f.garbled_rate
+        plan.empty = draws[6] < f.empty_rate
+        return plan
+
+    # ------------------------------------------------------------------ KV cache
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.config.kv_block_size)
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of KV blocks in use, 0..1."""
+        return min(1.0, self.kv_held / self.config.kv_blocks_total)
+
+    def grow(self, req: SimRequest, generated: int) -> None:
+        """Record that *req* has produced *generated* tokens in total."""
+        delta = generated - req.generated
+        if delta <= 0 or req.state != RUNNING:
+            return
+        req.generated = generated
+        self.generation_tokens_total += delta
+        blocks = -(-(req.prompt_tokens + generated) // self.config.kv_block_size)
+        if blocks > req.blocks:
+            self.kv_held += blocks - req.blocks
+            req.blocks = blocks
+            if not req.preempted and self.kv_held > self.config.kv_blocks_total:
+                req.preempted = True
+                self.num_preemptions += 1
+
+    # ------------------------------------------------------------------ admission
+
+    def new_request(self, request_id: str, prompt_tokens: int, max_tokens: int) -> SimRequest:
+        req = SimRequest(request_id, prompt_tokens, max_tokens, self.clock())
+        req.queued_ahead = len(self.waiting)
+        return req
+
+    def _fits(self, req: SimRequest) -> bool:
+        if self.running >= self.config.max_batch:
+            return False
+        if self.running == 0:
+            return True
+        return self.kv_held + self.blocks_for(req.prompt_tokens) <= self.config.kv_blocks_total
+
+    def _start(self, req: SimRequest) -> None:
+        req.state = RUNNING
+        req.t_admitted = self.clock()
+        self.running += 1
+        req.blocks = self.blocks_for(req.prompt_tokens)
+        self.kv_held += req.blocks
+        self.prompt_tokens_total += req.prompt_tokens
+
+    def try_admit(self, req: SimRequest) -> bool:
+        """Admit *req* now if it may run (no queue ahead of it and room); no waiting."""
+        if req.state == WAITING and not self.waiting and self._fits(req):
+            self._start(req)
+            return True
+        return req.state == RUNNING
+
+    async def admit(self, req: SimRequest) -> None:
+        """Wait for a running slot (FIFO). On cancellation call :meth:`finish` anyway."""
+        if self.try_admit(req):
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        req.waiter = fut
+        self.waiting.append(req)
+        await fut
+
+    def _pump(self) -> None:
+        waiting = self.waiting
+        while waiting and self._fits(waiting[0]):
+            req = waiting.popleft()
+            if req.waiter is not None and req.waiter.done():  # cancelled while waiting
+                continue
+            self._start(req)
+            if req.waiter is not None:
+                req.waiter.set_result(None)
+
+    def finish(
+        self,
+        req: SimRequest,
+        reason: str,
+        *,
+        ttft: float | None = None,
+        e2e: float | None = None,
+    ) -> None:
+        """Release *req* (any state; idempotent) and record it as finished with *reason*."""
+        if req.state == DONE:
+            return
+        was_running = req.state == RUNNING
+        if req.state == WAITING:
+            with contextlib.suppress(ValueError):  # already popped by _pump
+                self.waiting.remove(req)
+        req.state = DONE
+        if not was_running:
+            return
+        self.running -= 1
+        self.kv_held -= req.blocks
+        req.blocks = 0
+        self.requests_finished += 1
+        self.request_success[reason] = self.request_success.get(reason, 0) + 1
+        faults = self.config.faults
+        if (
+            faults.kv_leak_blocks_per_n_requests
+            and self.requests_finished % faults.kv_leak_every_n_requests == 0
+        ):
+            self.kv_leaked += faults.kv_leak_blocks_per_n_requests
+            self.kv_held += faults.kv_leak_blocks_per_n_requests
+        if reason != "abort":
+            now = self.clock()
+            admitted = req.t_admitted if req.t_admitted is not None else now
+            self.queue_time.observe(max(0.0, admitted - req.t_arrival))
+            if ttft is not None:
+                self.ttft.observe(ttft)
+            if e2e is not None:
+                self.e2e.observe(e2e)
+                if ttft is not None and req.generated > 1:
+                    self.request_tpot.observe((e2e - ttft) / (req.generated - 1))
+            self.request_prompt_tokens.observe(req.prompt_tokens)
+            self.request_generation_tokens.observe(req.generated)
+        self._pump()
+
+    def abort_all(self) -> None:
+        """Fail every waiting request (used when the server goes down)."""
+        while self.waiting:
+            req = self.waiting.popleft()
+            req.state = DONE
+            if req.waiter is not None and not req.waiter.done():
+                req.waiter.cancel()
+
+
+class SimCollector:
+    """Exposes a :class:`SimModel` with vLLM's current (V1 engine) metric names."""
+
+    def __init__(self, get_model: Callable[[], SimModel], model_name: str) -> None:
+        self._get_model = get_model
+        self._labels = ["model_name", "engine"]
+        self._values = [model_name, "0"]
+
+    def collect(self) -> Iterator[Metric]:
+        m = self._get_model()
+        cfg = m.config
+        labels, values = self._labels, self._values
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            fam = GaugeMetricFamily(name, doc, labels=labels)
+            fam.add_metric(values, value)
+            return fam
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            fam = CounterMetricFamily(name, doc, labels=labels)
+            fam.add_metric(values, value)
+            return fam
+
+        def histogram(name: str, doc: str, h: Histogram) -> HistogramMetricFamily:
+            fam = HistogramMetricFamily(name, doc, labels=labels)
+            fam.add_metric(values, h.cumulative(), h.sum)
+            return fam
+
+        yield gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches.", m.running
+        )
+        yield gauge(
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            len(m.waiting),
+        )
+        yield gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", m.kv_usage
+        )
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            labels=["block_size", "num_gpu_blocks", "engine"],
+        )
+        info.add_metric([str(cfg.kv_block_size), str(cfg.kv_blocks_total), "0"], 1.0)
+        yield info
+        yield counter(
+            "vllm:num_preemptions",
+            "Cumulative number of preemption from the engine.",
+            m.num_preemptions,
+        )
+        yield counter(
+            "vllm:prompt_tokens", "Number of prefill tokens processed.", m.prompt_tokens_total
+        )
+        yield counter(
+            "vllm:generation_tokens",
+            "Number of generation tokens processed.",
+            m.generation_tokens_total,
+        )
+        success = CounterMetricFamily(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            labels=[*labels, "finished_reason"],
+        )
+        for reason in FINISH_REASONS:
+            success.add_metric([*values, reason], m.request_success.get(reason, 0))
+        yield success
+        yield histogram(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            m.ttft,
+        )
+        yield histogram(
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            m.itl,
+        )
+        yield histogram(
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request.",
+            m.request_tpot,
+        )
+        yield histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            m.e2e,
+        )
+        yield histogram(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            m.queue_time,
+        )
+        yield histogram(
+            "vllm:request_prompt_tokens",
+            "Number of prefill tokens processed.",
+            m.request_prompt_tokens,
+        )
+        yield histogram(
+            "vllm:request_generation_tokens",
+            "Number of generation tokens processed.",
+            m.request_generation_tokens,
+        )
