@@ -28,15 +28,16 @@ EXIT_OK, EXIT_FAIL, EXIT_CONFIG = 0, 1, 2
 
 def _run_async(coro: Any) -> Any:
     """asyncio.run on uvloop when it is installed (SOAKD_NO_UVLOOP=1 to use the stdlib loop)."""
+    loop_factory = None
     if not os.environ.get("SOAKD_NO_UVLOOP"):
         try:
             import uvloop
 
-            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-                return runner.run(coro)
+            loop_factory = uvloop.new_event_loop
         except ImportError:
             pass
-    return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return runner.run(coro)
 
 
 def parse_mix(text: str) -> dict[str, float]:
@@ -90,6 +91,11 @@ def add_run_arguments(p: argparse.ArgumentParser, *, demo: bool = False) -> None
     p.add_argument("--seed", type=int, help="seed for prompts, arrivals and the mix")
     p.add_argument("--no-keep-alive", action="store_true", default=None,
                    help="open a new connection per request (servers that drop reused connections)")
+    p.add_argument("--server-metrics-url", help="the server's Prometheus /metrics URL, or none "
+                   "(default: the target's origin + /metrics)")
+    p.add_argument("--dcgm-url", help="dcgm-exporter /metrics URL (GPU telemetry when the GPU is not visible to soakd)")
+    p.add_argument("--nvml", choices=["auto", "on", "off"], help="NVML GPU sampler (default auto)")
+    p.add_argument("--sample-interval", help="default sampling interval of every sampler (default 5s)")
     p.add_argument("--log-format", choices=["auto", "json", "console"])
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--progress", dest="progress", action="store_true", default=None, help="live progress line")
@@ -133,6 +139,11 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     put("load.max_in_flight", args.max_in_flight)
     if args.mix:
         put("load.mix", parse_mix(args.mix))
+    put("samplers.server.url", args.server_metrics_url)
+    put("samplers.dcgm.url", args.dcgm_url)
+    put("samplers.nvml.mode", args.nvml)
+    if args.sample_interval is not None:
+        put("samplers.interval", _dur("--sample-interval", args.sample_interval))
     put("metrics.host", args.metrics_host)
     put("metrics.port", args.metrics_port)
     put("log.format", args.log_format)

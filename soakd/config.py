@@ -222,6 +222,54 @@ class LogConfig(_Model):
     summary_interval: Duration = Field(60.0, gt=0, description="How often a summary line is logged.")
 
 
+class NvmlSamplerConfig(_Model):
+    mode: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="auto: try NVML and report it down (soakd_sampler_up 0) if unavailable; on: the same, "
+        "but logged as an error; off: no NVML sampler.",
+    )
+    gpus: list[int | str] = Field(
+        default_factory=list, description="GPU indices or UUIDs to watch; empty = all visible GPUs."
+    )
+    interval: Duration | None = Field(None, gt=0, description="Sampling interval; default samplers.interval.")
+
+
+class DcgmSamplerConfig(_Model):
+    url: str | None = Field(
+        None, description="dcgm-exporter /metrics URL (e.g. http://127.0.0.1:9400/metrics); null = off."
+    )
+    interval: Duration | None = Field(None, gt=0, description="Scrape interval; default samplers.interval.")
+
+
+class ServerSamplerConfig(_Model):
+    url: str = Field(
+        "auto",
+        description="The inference server's Prometheus /metrics URL; auto = the target's origin + /metrics; "
+        "none = off.",
+    )
+    kind: Literal["auto", "vllm", "sglang", "tgi", "trtllm", "llamacpp"] = Field(
+        "auto", description="Which metric-name table to use; auto-detected from the exposition."
+    )
+    interval: Duration | None = Field(None, gt=0, description="Scrape interval; default samplers.interval.")
+
+
+class HostSamplerConfig(_Model):
+    enabled: bool = Field(True, description="soakd's own RSS/CPU/fds, and the target's RSS/CPU when visible.")
+    target_pid: int | None = Field(None, ge=1, description="PID of the target server process (same PID namespace).")
+    target_process_name: str | None = Field(
+        None, description="Or a substring of the target's command line to find its processes (e.g. vllm)."
+    )
+    interval: Duration | None = Field(None, gt=0, description="Sampling interval; default samplers.interval.")
+
+
+class SamplersConfig(_Model):
+    interval: Duration = Field(5.0, gt=0, description="Default sampling interval of every sampler.")
+    nvml: NvmlSamplerConfig = Field(default_factory=NvmlSamplerConfig)
+    dcgm: DcgmSamplerConfig = Field(default_factory=DcgmSamplerConfig)
+    server: ServerSamplerConfig = Field(default_factory=ServerSamplerConfig)
+    host: HostSamplerConfig = Field(default_factory=HostSamplerConfig)
+
+
 class SoakConfig(_Model):
     target: TargetConfig = Field(default_factory=TargetConfig)
     run: RunConfig = Field(default_factory=RunConfig)
@@ -229,6 +277,7 @@ class SoakConfig(_Model):
     scenarios: dict[str, ScenarioConfig] = Field(
         default_factory=dict, description="Overrides of built-in scenarios and custom scenarios, by name."
     )
+    samplers: SamplersConfig = Field(default_factory=SamplersConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     sim: SimConfig = Field(default_factory=SimConfig, description="The embedded simulator (soakd sim / soakd demo).")

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,9 @@ from soakd.analysis.window import Timeline, fmt_ms
 from soakd.client.openai import OpenAIClient
 from soakd.config import ConfigError, SoakConfig
 from soakd.driver import LoadDriver
-from soakd.metrics import SoakMetrics
+from soakd.metrics import BY_NAME, SoakMetrics
+from soakd.samplers.base import SamplerRunner, SnapshotCollector
+from soakd.samplers.registry import build_samplers
 from soakd.recorder import Recorder
 from soakd.web import Heartbeat, WebServer, build_app
 from soakd.workload.scenarios import resolve_all
@@ -52,7 +55,8 @@ def ensure_state_dir(path: Path) -> None:
 
 
 class SoakDaemon:
-    def __init__(self, config: SoakConfig, *, progress: bool | None = None, label: str = "soak") -> None:
+    def __init__(self, config: SoakConfig, *, progress: bool | None = None, label: str = "soak",
+                 nvml_module: Any = None) -> None:
         self.config = config
         self.label = label
         self.api_key = config.api_key()  # ConfigError when configured but missing
@@ -72,6 +76,10 @@ class SoakDaemon:
             else config.load.max_in_flight
         )
         self.client = OpenAIClient(config.target, self.api_key, pool_size=max_in_flight)
+        self.runners: list[SamplerRunner] = [
+            SamplerRunner(sampler, interval) for sampler, interval in build_samplers(config, nvml_module=nvml_module)
+        ]
+        self.metrics.sources.append(SnapshotCollector(self.runners, BY_NAME))
         self.model: str | None = config.target.model
         self.timeline: Timeline | None = None
         self.recorder: Recorder | None = None
@@ -115,6 +123,7 @@ class SoakDaemon:
             "load": {"mode": "closed" if cfg.load.closed_loop else "open",
                      "concurrency": cfg.load.effective_concurrency if cfg.load.closed_loop else None,
                      "rate": cfg.load.rate, "mix": cfg.load.mix},
+            "samplers": {r.name: r.status() for r in self.runners},
         }
         if tl is None or rec is None:
             return out
@@ -209,7 +218,8 @@ class SoakDaemon:
         log.info("soakd_started", run_id=self.run_id, version=__version__, metrics_url=self.web.url + "/metrics",
                  config=cfg.redacted())
         self._drain_now = False
-        scheduler: AsyncIOScheduler | None = None
+        scheduler = self._scheduler()
+        scheduler.start()
         try:
             if not await self._resolve_model():
                 self.phase = "done"
@@ -231,8 +241,7 @@ class SoakDaemon:
                      mode="closed" if cfg.load.closed_loop else "open",
                      concurrency=cfg.load.effective_concurrency if cfg.load.closed_loop else None,
                      rate=cfg.load.rate, duration=cfg.run.duration, window=cfg.run.window, warmup=cfg.run.warmup)
-            scheduler = self._scheduler()
-            scheduler.start()
+            self._add_load_jobs(scheduler)
             await self.driver.run(grace=cfg.run.grace)
             self.stop_reason = self.stop_reason or self.driver.stop_reason
             self.phase = "done"
@@ -241,8 +250,12 @@ class SoakDaemon:
             self.final = self._final_summary(reason=self.stop_reason)
             return self.final
         finally:
-            if scheduler is not None:
-                scheduler.shutdown(wait=False)
+            scheduler.shutdown(wait=False)
+            for runner in self.runners:
+                try:
+                    await runner.sampler.aclose()
+                except Exception as exc:  # noqa: BLE001
+                    log.warning("sampler_close_failed", sampler=runner.name, error=repr(exc))
             if self.progress_enabled:
                 sys.stderr.write("\n")
                 sys.stderr.flush()
@@ -251,8 +264,28 @@ class SoakDaemon:
             await self.web.stop()
 
     def _scheduler(self) -> AsyncIOScheduler:
-        cfg = self.config
+        """APScheduler owns the periodic jobs: one per sampler now, the load jobs once load starts."""
         sched = AsyncIOScheduler(event_loop=asyncio.get_running_loop())
+        runners = {f"sampler:{r.name}": r for r in self.runners}
+        for job_id, runner in runners.items():
+            sched.add_job(runner.run_once, "interval", seconds=runner.interval, id=job_id, max_instances=1,
+                          coalesce=True, misfire_grace_time=max(1, int(runner.interval)),
+                          next_run_time=datetime.now(UTC))
+
+        def _listener(event: Any) -> None:
+            runner = runners.get(event.job_id)
+            if event.code in (EVENT_JOB_MISSED, EVENT_JOB_MAX_INSTANCES) and runner is not None:
+                runner.missed += 1
+                return
+            kind = {EVENT_JOB_ERROR: "error", EVENT_JOB_MISSED: "missed", EVENT_JOB_MAX_INSTANCES: "max_instances"}
+            log.warning("scheduler_job_" + kind.get(event.code, "event"), job=event.job_id,
+                        error=repr(getattr(event, "exception", None)))
+
+        sched.add_listener(_listener, EVENT_JOB_ERROR | EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
+        return sched
+
+    def _add_load_jobs(self, sched: AsyncIOScheduler) -> None:
+        cfg = self.config
         tick = max(0.1, min(1.0, cfg.run.window / 10))
         sched.add_job(self._tick_job, "interval", seconds=tick, id="tick", max_instances=1, coalesce=True,
                       misfire_grace_time=max(1, int(tick * 2)))
@@ -261,14 +294,6 @@ class SoakDaemon:
         if self.progress_enabled:
             sched.add_job(self._progress_job, "interval", seconds=1.0, id="progress", max_instances=1,
                           coalesce=True, misfire_grace_time=2)
-
-        def _listener(event: Any) -> None:
-            kind = {EVENT_JOB_ERROR: "error", EVENT_JOB_MISSED: "missed", EVENT_JOB_MAX_INSTANCES: "max_instances"}
-            log.warning("scheduler_job_" + kind.get(event.code, "event"), job=event.job_id,
-                        error=repr(getattr(event, "exception", None)))
-
-        sched.add_listener(_listener, EVENT_JOB_ERROR | EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
-        return sched
 
     # ---- periodic jobs
     async def _tick_job(self) -> None:

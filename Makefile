@@ -1,0 +1,58 @@
+# soakd — two commands on a fresh machine (Python 3.11, Debian, root, no GPU):
+#   make demo   creates the virtualenv, installs soakd, soaks the embedded simulator, shows the result
+#   make test   installs what the tests need (Python packages, Debian's prometheus for promtool and a
+#               real Prometheus server) and runs the whole suite
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+PYTEST_ARGS ?=
+
+.PHONY: demo test install install-test system-deps bench clean metrics-table
+
+$(PY):
+	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
+	  echo "python3 -m venv failed; installing Debian's python3-venv"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv && \
+	  rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
+	@$(PIP) install -q --upgrade pip
+
+$(VENV)/.installed: $(PY) pyproject.toml
+	$(PIP) install -q -e .
+	@touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PIP) install -q -e '.[test]'
+	@touch $@
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+# promtool (metric and rule checks) and a real Prometheus server come from Debian's package.
+system-deps:
+	@if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then \
+	  echo "installing Debian's prometheus (promtool + server)"; \
+	  $(SUDO) apt-get update -qq && \
+	  $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	fi
+	@promtool --version 2>&1 | head -1
+
+demo: $(VENV)/.installed
+	$(PY) -m soakd demo $(DEMO_ARGS)
+
+# pytest exits 5 when it collected no test: that is a failure here, said out loud.
+test: $(VENV)/.installed-test system-deps
+	@set +e; $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5) - treating as failure"; exit 1; fi; \
+	exit $$rc
+
+bench: $(VENV)/.installed
+	$(PY) benchmarks/client_capacity.py
+
+metrics-table: $(VENV)/.installed
+	$(PY) -m soakd metrics --markdown
+
+clean:
+	rm -rf $(VENV) soakd-state .pytest_cache build *.egg-info

@@ -1,0 +1,1 @@
+"""Samplers: one module per source (nvml, dcgm, server, host) behind one Sampler protocol."""

@@ -1,0 +1,227 @@
+"""The Sampler protocol, the wrapper that isolates each sampler, and the snapshot collector.
+
+A sampler returns a list of ``Series`` (a catalogue metric name, labels, a value) or raises.
+``SamplerRunner`` runs it (APScheduler job, one per sampler), times it, records
+``soakd_sampler_up``/``errors_total``/``duration``/``last_success``, logs state changes once
+(up->down, down->up) rather than every failure, and never lets an exception escape. The
+``SnapshotCollector`` exposes the latest snapshot of every sampler at scrape time: no I/O in
+``collect()``, and series older than the staleness limit drop out instead of freezing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import structlog
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+
+log = structlog.get_logger("soakd.samplers")
+
+Labels = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One sampled value of a catalogue metric. ``name`` is the exposition name (counters keep
+    their ``_total``); ``labels`` is a tuple of (name, value) pairs in catalogue label order."""
+
+    name: str
+    value: float
+    labels: Labels = ()
+
+    def label(self, key: str) -> str | None:
+        for k, v in self.labels:
+            if k == key:
+                return v
+        return None
+
+
+def series(name: str, value: float, **labels: str) -> Series:
+    return Series(name, float(value), tuple((k, str(v)) for k, v in labels.items()))
+
+
+class SamplerUnavailable(Exception):
+    """The source is absent (no NVML library, no GPU, no /metrics): the sampler is down, with a
+    message the user can act on. Logged once, as a warning."""
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    name: str  # bounded label value: nvml, dcgm, server, host
+
+    async def sample(self) -> Sequence[Series]:  # raise on failure
+        ...
+
+    async def aclose(self) -> None:
+        ...
+
+
+@dataclass
+class Snapshot:
+    series: Sequence[Series]
+    monotonic: float
+    wall: float
+
+
+class SamplerRunner:
+    """The execute()-style wrapper around one sampler."""
+
+    def __init__(
+        self,
+        sampler: Sampler,
+        interval: float,
+        timeout: float | None = None,
+        listeners: Iterable[Callable[[str, Snapshot], None]] = (),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.sampler = sampler
+        self.name = sampler.name
+        self.interval = interval
+        self.timeout = timeout if timeout is not None else max(1.0, interval * 0.9)
+        self.listeners = list(listeners)
+        self.clock = clock
+        self.snapshot: Snapshot | None = None
+        self.up: bool | None = None  # None: not run yet
+        self.errors = 0
+        self.runs = 0
+        self.missed = 0
+        self.last_duration = 0.0
+        self.last_success_wall: float | None = None
+        self.last_error = ""
+
+    async def run_once(self) -> bool:
+        """Sample once; True on success. Never raises (except CancelledError)."""
+        t0 = time.perf_counter()
+        self.runs += 1
+        try:
+            result = await asyncio.wait_for(self.sampler.sample(), self.timeout)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a sampler failure is data, never fatal
+            self.last_duration = time.perf_counter() - t0
+            self._failed(exc)
+            return False
+        self.last_duration = time.perf_counter() - t0
+        snap = Snapshot(list(result), self.clock(), time.time())
+        self.snapshot = snap
+        self.last_success_wall = snap.wall
+        if self.up is not True:
+            if self.up is False:
+                log.info("sampler_up", sampler=self.name, after_errors=self.errors)
+            self.up = True
+        for listener in self.listeners:
+            try:
+                listener(self.name, snap)
+            except Exception as exc:  # noqa: BLE001
+                log.error("sampler_listener_failed", sampler=self.name, error=repr(exc))
+        return True
+
+    def _failed(self, exc: BaseException) -> None:
+        self.errors += 1
+        if isinstance(exc, TimeoutError):
+            msg = f"timed out after {self.timeout:.1f}s"
+        else:
+            msg = str(exc) or type(exc).__name__
+        self.last_error = msg[:300]
+        if self.up is not False:
+            if isinstance(exc, SamplerUnavailable):
+                log.warning("sampler_unavailable", sampler=self.name, reason=self.last_error)
+            else:
+                log.warning("sampler_down", sampler=self.name, error=f"{type(exc).__name__}: {self.last_error}")
+            self.up = False
+
+    def fresh(self, now: float, staleness: float) -> Sequence[Series]:
+        snap = self.snapshot
+        if snap is None or now - snap.monotonic > staleness:
+            return ()
+        return snap.series
+
+    def status(self) -> dict[str, object]:
+        return {
+            "up": bool(self.up),
+            "interval_seconds": self.interval,
+            "errors": self.errors,
+            "missed": self.missed,
+            "last_duration_seconds": round(self.last_duration, 4),
+            "last_success": self.last_success_wall,
+            "last_error": self.last_error or None,
+        }
+
+
+class SnapshotCollector:
+    """Yields metric families from the runners' latest fresh snapshots (a ``SoakMetrics`` source)."""
+
+    def __init__(
+        self,
+        runners: Sequence[SamplerRunner],
+        catalogue: dict[str, object],
+        staleness_factor: float = 3.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.runners = runners
+        self.catalogue = catalogue  # name -> MetricSpec (kind, help, labels)
+        self.staleness_factor = staleness_factor
+        self.clock = clock
+
+    def __call__(self) -> Iterator[Metric]:
+        now = self.clock()
+        grouped: dict[str, list[Series]] = {}
+        for r in self.runners:
+            for s in r.fresh(now, max(r.interval * self.staleness_factor, r.interval + 5.0)):
+                grouped.setdefault(s.name, []).append(s)
+        # self-metrics of every sampler: always present
+        yield from self._self_families()
+        for name, items in grouped.items():
+            spec = self.catalogue.get(name)
+            if spec is None:
+                continue
+            kind = getattr(spec, "kind")
+            help_ = getattr(spec, "help")
+            label_names = list(getattr(spec, "labels"))
+            if kind == "info":
+                fam = InfoMetricFamily(name.removesuffix("_info"), help_, labels=label_names)
+                for s in items:
+                    fam.add_metric([s.label(k) or "" for k in label_names], {})
+                yield fam
+                continue
+            if kind == "counter":
+                fam = CounterMetricFamily(name.removesuffix("_total"), help_, labels=label_names)
+            else:
+                fam = GaugeMetricFamily(name, help_, labels=label_names)
+            seen: set[tuple[str, ...]] = set()
+            for s in items:
+                values = tuple(s.label(k) or "" for k in label_names)
+                if values in seen:  # two sources of one series: the first sampler wins
+                    continue
+                seen.add(values)
+                fam.add_metric(list(values), s.value)
+            yield fam
+
+    def _self_families(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("soakd_sampler_up", _help(self.catalogue, "soakd_sampler_up"), labels=["sampler"])
+        errors = CounterMetricFamily("soakd_sampler_errors", _help(self.catalogue, "soakd_sampler_errors_total"),
+                                     labels=["sampler"])
+        duration = GaugeMetricFamily("soakd_sampler_duration_seconds",
+                                     _help(self.catalogue, "soakd_sampler_duration_seconds"), labels=["sampler"])
+        last = GaugeMetricFamily("soakd_sampler_last_success_timestamp_seconds",
+                                 _help(self.catalogue, "soakd_sampler_last_success_timestamp_seconds"),
+                                 labels=["sampler"])
+        missed = CounterMetricFamily("soakd_sampler_missed_runs", _help(self.catalogue, "soakd_sampler_missed_runs_total"),
+                                     labels=["sampler"])
+        for r in self.runners:
+            up.add_metric([r.name], 1.0 if r.up else 0.0)
+            errors.add_metric([r.name], float(r.errors))
+            duration.add_metric([r.name], r.last_duration)
+            missed.add_metric([r.name], float(r.missed))
+            if r.last_success_wall is not None:
+                last.add_metric([r.name], r.last_success_wall)
+        yield from (up, errors, duration, last, missed)
+
+
+def _help(catalogue: dict[str, object], name: str) -> str:
+    spec = catalogue.get(name)
+    return getattr(spec, "help", name) if spec is not None else name

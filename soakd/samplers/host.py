@@ -1,0 +1,95 @@
+"""Host sampler: soakd's own footprint (it must be flat before it can accuse anyone of leaking)
+and the target's process when it shares soakd's PID namespace (a pod with shareProcessNamespace,
+or the same host)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Sequence
+
+from soakd.config import HostSamplerConfig
+from soakd.samplers.base import SamplerUnavailable, Series, series
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def read_stat(pid: int | str, proc: str = "/proc") -> tuple[float, int]:
+    """(cpu seconds user+system, resident bytes) from /proc/<pid>/stat."""
+    with open(f"{proc}/{pid}/stat", "rb") as fh:
+        data = fh.read().decode("utf-8", "replace")
+    # the command name may contain spaces and parentheses: split after the last ')'
+    fields = data[data.rindex(")") + 2:].split()
+    utime, stime = int(fields[11]), int(fields[12])
+    rss_pages = int(fields[21])
+    return (utime + stime) / _TICKS, rss_pages * _PAGE
+
+
+def find_pids(name: str, proc: str = "/proc", exclude: int | None = None) -> set[int]:
+    """PIDs whose command line contains ``name``."""
+    out: set[int] = set()
+    for entry in os.listdir(proc):
+        if not entry.isdigit() or int(entry) == exclude:
+            continue
+        try:
+            with open(f"{proc}/{entry}/cmdline", "rb") as fh:
+                cmd = fh.read().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            continue
+        if name in cmd:
+            out.add(int(entry))
+    return out
+
+
+class HostSampler:
+    name = "host"
+
+    def __init__(self, config: HostSamplerConfig, proc: str = "/proc") -> None:
+        self.config = config
+        self.proc = proc
+        self.self_pid = os.getpid()
+        self._target_missing_logged = False
+
+    def target_pids(self) -> set[int]:
+        c = self.config
+        if c.target_pid is not None:
+            return {c.target_pid} if os.path.exists(f"{self.proc}/{c.target_pid}") else set()
+        if c.target_process_name:
+            return find_pids(c.target_process_name, self.proc, exclude=self.self_pid)
+        return set()
+
+    def _sample(self) -> list[Series]:
+        if not os.path.isdir(f"{self.proc}/{self.self_pid}"):
+            raise SamplerUnavailable(f"{self.proc} is not available on this system")
+        cpu, rss = read_stat(self.self_pid, self.proc)
+        out = [
+            series("soakd_self_resident_memory_bytes", rss),
+            series("soakd_self_cpu_seconds_total", cpu),
+        ]
+        try:
+            out.append(series("soakd_self_open_fds", len(os.listdir(f"{self.proc}/{self.self_pid}/fd"))))
+        except OSError:
+            pass
+        pids = self.target_pids()
+        if pids:
+            t_cpu = t_rss = 0.0
+            seen = 0
+            for pid in pids:
+                try:
+                    c, r = read_stat(pid, self.proc)
+                except (OSError, ValueError):
+                    continue
+                t_cpu += c
+                t_rss += r
+                seen += 1
+            if seen:
+                out.append(series("soakd_target_resident_memory_bytes", t_rss))
+                out.append(series("soakd_target_cpu_seconds_total", t_cpu))
+        return out
+
+    async def sample(self) -> Sequence[Series]:
+        return await asyncio.to_thread(self._sample)
+
+    async def aclose(self) -> None:
+        return None
