@@ -1,0 +1,181 @@
+"""The sampler wrapper isolates failures; the snapshot collector exports fresh snapshots only."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.registry import Collector
+from structlog.testing import capture_logs
+
+from soakd.config import HostSamplerConfig
+from soakd.metrics import BY_NAME
+from soakd.samplers.base import SamplerRunner, SamplerUnavailable, SnapshotCollector, series
+from soakd.samplers.host import HostSampler, read_stat
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class GoodSampler:
+    name = "good"
+
+    def __init__(self) -> None:
+        self.value = 1.0
+
+    async def sample(self):
+        return [series("soakd_gpu_power_watts", self.value, gpu="0", uuid="GPU-a")]
+
+    async def aclose(self):
+        return None
+
+
+class BrokenSampler:
+    name = "broken"
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+        self.fail = True
+
+    async def sample(self):
+        if self.fail:
+            raise self.exc
+        return [series("soakd_server_requests_running", 3)]
+
+    async def aclose(self):
+        return None
+
+
+class SlowSampler:
+    name = "slow"
+
+    async def sample(self):
+        await asyncio.sleep(10)
+        return []
+
+    async def aclose(self):
+        return None
+
+
+def _registry(collector_fn) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+
+    class C(Collector):
+        def collect(self):
+            yield from collector_fn()
+
+    reg.register(C())
+    return reg
+
+
+async def test_broken_sampler_does_not_hide_others_and_logs_state_changes_once():
+    good, broken = GoodSampler(), BrokenSampler(RuntimeError("scrape failed: HTTP 500"))
+    runners = [SamplerRunner(good, 5.0), SamplerRunner(broken, 5.0)]
+    reg = _registry(SnapshotCollector(runners, BY_NAME))
+    with capture_logs() as logs:
+        for _ in range(4):
+            for r in runners:
+                assert await r.run_once() in (True, False)
+    assert reg.get_sample_value("soakd_gpu_power_watts", {"gpu": "0", "uuid": "GPU-a"}) == 1.0
+    assert reg.get_sample_value("soakd_sampler_up", {"sampler": "good"}) == 1.0
+    assert reg.get_sample_value("soakd_sampler_up", {"sampler": "broken"}) == 0.0
+    assert reg.get_sample_value("soakd_sampler_errors_total", {"sampler": "broken"}) == 4.0
+    downs = [e for e in logs if e["event"] == "sampler_down"]
+    assert len(downs) == 1 and downs[0]["sampler"] == "broken" and "HTTP 500" in downs[0]["error"]
+    # recovery is logged once too, and its series appear
+    broken.fail = False
+    with capture_logs() as logs:
+        await runners[1].run_once()
+        await runners[1].run_once()
+    assert [e["event"] for e in logs] == ["sampler_up"]
+    assert reg.get_sample_value("soakd_sampler_up", {"sampler": "broken"}) == 1.0
+    assert reg.get_sample_value("soakd_server_requests_running") == 3.0
+    assert generate_latest(reg)  # the whole exposition renders
+
+
+async def test_unavailable_source_is_one_warning():
+    r = SamplerRunner(BrokenSampler(SamplerUnavailable("NVML library not found")), 1.0)
+    with capture_logs() as logs:
+        for _ in range(5):
+            await r.run_once()
+    warnings = [e for e in logs if e["log_level"] == "warning"]
+    assert len(warnings) == 1 and warnings[0]["event"] == "sampler_unavailable"
+    assert "NVML library not found" in warnings[0]["reason"]
+    assert r.errors == 5 and r.up is False
+
+
+async def test_slow_sampler_times_out_instead_of_hanging():
+    r = SamplerRunner(SlowSampler(), interval=0.2, timeout=0.05)
+    assert await asyncio.wait_for(r.run_once(), 2.0) is False
+    assert "timed out" in r.last_error
+
+
+async def test_stale_series_drop_out():
+    clock = FakeClock()
+    good = GoodSampler()
+    runner = SamplerRunner(good, 5.0, clock=clock)
+    reg = _registry(SnapshotCollector([runner], BY_NAME, clock=clock))
+    await runner.run_once()
+    assert reg.get_sample_value("soakd_gpu_power_watts", {"gpu": "0", "uuid": "GPU-a"}) == 1.0
+    clock.t += 60  # no successful sample for 12 intervals
+    assert reg.get_sample_value("soakd_gpu_power_watts", {"gpu": "0", "uuid": "GPU-a"}) is None
+    assert reg.get_sample_value("soakd_sampler_up", {"sampler": "good"}) == 1.0
+
+
+async def test_listener_errors_are_contained():
+    seen = []
+
+    def bad_listener(name, snap):
+        raise ValueError("boom")
+
+    r = SamplerRunner(GoodSampler(), 1.0, listeners=[bad_listener, lambda n, s: seen.append((n, len(s.series)))])
+    assert await r.run_once() is True
+    assert seen == [("good", 1)]
+
+
+async def test_host_sampler_reads_self_and_target():
+    cfg = HostSamplerConfig(target_pid=os.getpid())
+    h = HostSampler(cfg)
+    loop_thread = threading.get_ident()
+    called_in = []
+    orig = h._sample
+
+    def spy():
+        called_in.append(threading.get_ident())
+        return orig()
+
+    h._sample = spy
+    out = {s.name: s.value for s in await h.sample()}
+    assert called_in and called_in[0] != loop_thread  # /proc reads happen off the event loop
+    cpu, rss = read_stat(os.getpid())
+    assert out["soakd_self_resident_memory_bytes"] > 10 * 1024 * 1024
+    assert abs(out["soakd_self_resident_memory_bytes"] - rss) < 64 * 1024 * 1024
+    assert out["soakd_self_open_fds"] >= 3
+    assert out["soakd_target_resident_memory_bytes"] == pytest.approx(out["soakd_self_resident_memory_bytes"],
+                                                                     rel=0.2)
+
+
+async def test_host_sampler_finds_target_by_name(tmp_path):
+    proc = tmp_path / "proc"
+    me = proc / str(os.getpid())
+    me.mkdir(parents=True)
+    (me / "fd").mkdir()
+    stat_tail = " ".join(["0"] * 10 + ["100", "50"] + ["0"] * 8 + ["256"] + ["0"] * 20)  # utime, stime, rss
+    (me / "stat").write_text(f"{os.getpid()} (python) S {stat_tail}")
+    (me / "cmdline").write_bytes(b"soakd\0run")
+    other = proc / "4242"
+    other.mkdir()
+    (other / "stat").write_text(f"4242 (vllm serve (x)) S {stat_tail}")
+    (other / "cmdline").write_bytes(b"python\0-m\0vllm.entrypoints.openai.api_server")
+    h = HostSampler(HostSamplerConfig(target_process_name="vllm.entrypoints"), proc=str(proc))
+    out = {s.name: s.value for s in await h.sample()}
+    assert out["soakd_target_resident_memory_bytes"] == 256 * os.sysconf("SC_PAGE_SIZE")
+    assert out["soakd_target_cpu_seconds_total"] == pytest.approx(150 / os.sysconf("SC_CLK_TCK"))
