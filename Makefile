@@ -52,7 +52,7 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/client_capacity.py
 
 metrics-table: $(VENV)/.installed
-	$(PY) -m soakd metrics --markdown
+	$(PY) -m soakd metrics --update-readme README.md
 
 clean:
 	rm -rf $(VENV) soakd-state .pytest_cache build *.egg-info

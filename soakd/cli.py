@@ -358,8 +358,12 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
-    from soakd.metrics import CATALOGUE, catalogue_markdown
+    from soakd.metrics import CATALOGUE, catalogue_markdown, readme_with_table
 
+    if args.update_readme:
+        path = Path(args.update_readme)
+        path.write_text(readme_with_table(path.read_text(encoding="utf-8")), encoding="utf-8")
+        return EXIT_OK
     if args.markdown:
         sys.stdout.write(catalogue_markdown())
     else:
@@ -405,6 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("metrics", help="list every metric soakd exports")
     p.add_argument("--markdown", action="store_true", help="as the README's Markdown table")
+    p.add_argument("--update-readme", metavar="README", help="rewrite the metric table in this README")
     p.set_defaults(func=cmd_metrics)
     return parser
 

@@ -186,6 +186,16 @@ def catalogue_markdown(specs: Iterable[MetricSpec] = CATALOGUE) -> str:
     return "\n".join(rows) + "\n"
 
 
+README_START = "<!-- metrics-table:start -->"
+README_END = "<!-- metrics-table:end -->"
+
+
+def readme_with_table(text: str) -> str:
+    """The README text with the section between the markers replaced by the generated table."""
+    start, end = text.index(README_START) + len(README_START), text.index(README_END)
+    return text[:start] + "\n" + catalogue_markdown() + text[end:]
+
+
 # ---------------------------------------------------------------------------------------------
 # Instruments (single-threaded: touched only from the event loop)
 
