@@ -1,0 +1,621 @@
+"""Inference-server sampler: golden scrapes of every server table, fallbacks, aggregation, errors.
+
+Real aiohttp servers on 127.0.0.1 port 0 serve the golden expositions in fixtures/metrics/; the
+sampler scrapes them like a real target's /metrics.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from structlog.testing import capture_logs
+
+from soakd.config import ServerSamplerConfig
+from soakd.metrics import BY_NAME
+from soakd.samplers.base import SamplerRunner, SamplerUnavailable, Series, SnapshotCollector
+from soakd.samplers.promtext import Exposition, ScrapeError, counter_names, parse_exposition, redact_url, ref
+from soakd.samplers.server import TABLES, ServerSampler, detect, metrics_urls, normalise
+
+pytestmark = pytest.mark.timeout(20)
+
+FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
+PLAIN = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def fixture(name: str) -> str:
+    return (FIXTURES / f"{name}.prom").read_text()
+
+
+class MetricsServer:
+    """A tiny server on 127.0.0.1 whose routes answer with a mutable body and status."""
+
+    def __init__(self, routes: dict[str, tuple[int, str | bytes, str]], port: int = 0) -> None:
+        self.routes = dict(routes)  # path -> (status, body (str or bytes), content type)
+        self.port = port
+        self.hits = 0
+        self._runner: web.AppRunner | None = None
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        self.hits += 1
+        found = self.routes.get(request.path)
+        if found is None:
+            return web.Response(status=404, text="404: Not Found")
+        status, body, ctype = found
+        raw = body if isinstance(body, bytes) else body.encode()
+        return web.Response(status=status, body=raw, headers={"Content-Type": ctype})
+
+    def serve(self, path: str, body: str | bytes, status: int = 200, ctype: str = PLAIN) -> None:
+        self.routes[path] = (status, body, ctype)
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_route("GET", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    @property
+    def origin(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def target_url(self) -> str:
+        """What a user configures as target.url: the OpenAI base URL."""
+        return self.origin + "/v1"
+
+
+@asynccontextmanager
+async def serving(body: str | bytes | None = None, path: str = "/metrics", status: int = 200,
+                  ctype: str = PLAIN) -> AsyncIterator[MetricsServer]:  # fmt: skip
+    server = MetricsServer({} if body is None else {path: (status, body, ctype)})
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def as_dict(items: list[Series]) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for s in items:
+        key = (s.name, s.labels)
+        assert key not in out, f"duplicate series {key}"
+        out[key] = s.value
+    return out
+
+
+def expected(kind: str, **values: float) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    names = {"kv": "soakd_server_kv_cache_usage_ratio", "running": "soakd_server_requests_running",
+             "waiting": "soakd_server_requests_waiting", "preemptions": "soakd_server_preemptions_total",
+             "prefix": "soakd_server_prefix_cache_hit_ratio"}  # fmt: skip
+    out = {("soakd_server_info", (("kind", kind),)): 1.0}
+    for key, value in values.items():
+        out[(names[key], ())] = value
+    return out
+
+
+def assert_series(got: list[Series], want: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> None:
+    have = as_dict(got)
+    assert set(have) == set(want), f"series differ:\n got  {sorted(have)}\n want {sorted(want)}"
+    for key, value in want.items():
+        assert have[key] == pytest.approx(value, rel=1e-12, abs=1e-12), key
+
+
+def sampler_for(server: MetricsServer, **config: str) -> ServerSampler:
+    return ServerSampler(ServerSamplerConfig(**config), server.target_url)
+
+
+# ---------------------------------------------------------------------------------------------
+# Golden scrapes: one per server table
+
+
+GOLDEN = [
+    ("vllm_v1", "vllm", expected("vllm", kv=0.375, running=8, waiting=1, preemptions=3, prefix=0.4)),
+    ("vllm_v0", "vllm", expected("vllm", kv=0.6, running=4, waiting=2, preemptions=7, prefix=0.35)),
+    ("sglang", "sglang", expected("sglang", kv=0.4, running=10, waiting=3, preemptions=5, prefix=0.3)),
+    ("tgi", "tgi", expected("tgi", kv=30000 / 120000, running=12, waiting=4)),
+    ("llamacpp", "llamacpp", expected("llamacpp", running=2, waiting=1, prefix=766 / 2000)),
+]
+
+
+@pytest.mark.parametrize(("name", "table", "want"), GOLDEN, ids=[g[0] for g in GOLDEN])
+async def test_golden_scrape_at_target_origin(name: str, table: str, want: dict) -> None:
+    async with serving(fixture(name)) as server:
+        sampler = sampler_for(server)
+        try:
+            got = await sampler.sample()
+        finally:
+            await sampler.aclose()
+    assert sampler.table is not None and sampler.table.name == table
+    assert sampler.url == server.origin + "/metrics"
+    assert_series(got, want)
+
+
+async def test_golden_trtllm_serve_found_at_prometheus_metrics() -> None:
+    """trtllm-serve answers /metrics with JSON iteration stats; auto falls back to /prometheus/metrics."""
+    async with serving('[{"gpuMemUsage": 1, "iter": 3}]', ctype="application/json") as server:
+        server.serve("/prometheus/metrics", fixture("trtllm"))
+        sampler = sampler_for(server)
+        try:
+            got = await sampler.sample()
+            hits = server.hits
+            await sampler.sample()  # sticky: the working URL is tried first
+            assert server.hits == hits + 1
+        finally:
+            await sampler.aclose()
+    assert sampler.table is not None and sampler.table.name == "trtllm"
+    assert sampler.url == server.origin + "/prometheus/metrics"
+    assert_series(got, expected("trtllm", kv=0.3125, running=7, waiting=2, prefix=0.3))
+
+
+async def test_golden_triton_trtllm_with_explicit_url() -> None:
+    async with serving(fixture("triton_trtllm")) as server:
+        sampler = ServerSampler(ServerSamplerConfig(url=server.origin + "/metrics"), "http://127.0.0.1:1/v1")
+        try:
+            got = await sampler.sample()
+        finally:
+            await sampler.aclose()
+    assert sampler.table is not None and sampler.table.name == "triton_trtllm"
+    assert_series(got, expected("trtllm", kv=0.25, running=7, waiting=3))
+
+
+def test_every_series_is_in_the_catalogue_with_its_labels() -> None:
+    for name, _, _ in GOLDEN + [("trtllm", "", {}), ("triton_trtllm", "", {})]:
+        expo = parse_exposition(fixture(name))
+        table = detect(expo, TABLES)
+        assert table is not None, name
+        for s in normalise(table, expo)[0]:
+            spec = BY_NAME[s.name]
+            assert spec.group == "server"
+            assert tuple(k for k, _ in s.labels) == spec.labels
+
+
+# ---------------------------------------------------------------------------------------------
+# Fallbacks, counter naming, aggregation (pure: parse + normalise)
+
+
+def _drop(text: str, *prefixes: str) -> str:
+    return "\n".join(line for line in text.splitlines() if not any(p in line for p in prefixes)) + "\n"
+
+
+def _norm(text: str, content_type: str = "") -> dict:
+    expo = parse_exposition(text, content_type)
+    table = detect(expo, TABLES)
+    assert table is not None
+    return as_dict(normalise(table, expo)[0])
+
+
+def test_vllm_falls_back_to_the_pre_0_9_names() -> None:
+    """Without kv_cache_usage_perc and prefix_cache_* (vLLM before 0.9), the gpu_* names are used."""
+    text = _drop(fixture("vllm_v1"), "vllm:kv_cache_usage_perc", "vllm:prefix_cache_")
+    assert "vllm:gpu_cache_usage_perc" in text and "vllm:prefix_cache_hits" not in text
+    got = _norm(text)
+    assert got[("soakd_server_kv_cache_usage_ratio", ())] == pytest.approx(0.375)
+    assert got[("soakd_server_prefix_cache_hit_ratio", ())] == pytest.approx(0.4)
+
+
+def test_vllm_without_prefix_caching_exports_no_ratio() -> None:
+    text = _drop(fixture("vllm_v1"), "prefix_cache_")
+    assert ("soakd_server_prefix_cache_hit_ratio", ()) not in _norm(text)
+    # V0 reports -1 when prefix caching is off: not a ratio
+    v0 = fixture("vllm_v0").replace('gpu_prefix_cache_hit_rate{model_name="mistralai/Mistral-7B-Instruct-v0.3"} 0.35',
+                                    'gpu_prefix_cache_hit_rate{model_name="mistralai/Mistral-7B-Instruct-v0.3"} -1.0')
+    assert ("soakd_server_prefix_cache_hit_ratio", ()) not in _norm(v0)
+
+
+def test_prefix_ratio_guards_zero_queries() -> None:
+    text = (
+        "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0\n"
+        "# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total 0\n"
+        "# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total 0\n"
+    )
+    got = _norm(text)
+    assert ("soakd_server_prefix_cache_hit_ratio", ()) not in got
+    assert got[("soakd_server_requests_running", ())] == 0
+
+
+@pytest.mark.parametrize(
+    "counter",
+    [
+        "# TYPE vllm:num_preemptions_total counter\nvllm:num_preemptions_total 5\n",  # the convention
+        "# TYPE vllm:num_preemptions counter\nvllm:num_preemptions 5\n",  # typed, bare sample name
+        "vllm:num_preemptions_total 5\n",  # untyped, with _total
+        "vllm:num_preemptions 5\n",  # untyped, bare
+    ],
+    ids=["typed_total", "typed_bare", "untyped_total", "untyped_bare"],
+)
+def test_counters_match_with_or_without_total(counter: str) -> None:
+    text = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n" + counter
+    assert _norm(text)[("soakd_server_preemptions_total", ())] == 5
+
+
+def test_counter_names_helper() -> None:
+    assert counter_names("vllm:num_preemptions") == ("vllm:num_preemptions_total", "vllm:num_preemptions")
+    assert counter_names("vllm:num_preemptions_total") == ("vllm:num_preemptions_total", "vllm:num_preemptions")
+    assert str(ref("nv_trt_llm_request_metrics", request_type="active")) == (
+        'nv_trt_llm_request_metrics{request_type="active"}')
+
+
+def test_openmetrics_exposition_is_parsed() -> None:
+    """A server that answers in OpenMetrics (counters as _total + _created, # EOF) reads the same."""
+    reg = CollectorRegistry()
+    labels = ["model_name", "engine"]
+    running = Gauge("vllm:num_requests_running", "Running.", labels, registry=reg)
+    kv = Gauge("vllm:kv_cache_usage_perc", "KV.", labels, registry=reg)
+    pre = Counter("vllm:num_preemptions", "Preemptions.", labels, registry=reg)
+    for engine, (r, k, p) in {"0": (2, 0.2, 1), "1": (4, 0.6, 2)}.items():
+        running.labels("m", engine).set(r)
+        kv.labels("m", engine).set(k)
+        pre.labels("m", engine).inc(p)
+    try:  # prometheus_client >= 0.25 escapes colons unless told otherwise
+        text = generate_openmetrics(reg, escaping="allow-utf-8").decode()
+    except TypeError:
+        text = generate_openmetrics(reg).decode()
+    assert text.rstrip().endswith("# EOF")
+    got = _norm(text, "application/openmetrics-text; version=1.0.0; charset=utf-8")
+    assert got[("soakd_server_requests_running", ())] == 6
+    assert got[("soakd_server_kv_cache_usage_ratio", ())] == pytest.approx(0.4)
+    assert got[("soakd_server_preemptions_total", ())] == 3
+
+
+def test_engines_and_models_are_aggregated() -> None:
+    """Two models x two engines: requests and preemptions add up; KV is the mean over the four pools."""
+    lines = ["# TYPE vllm:num_requests_running gauge", "# TYPE vllm:num_requests_waiting gauge",
+             "# TYPE vllm:kv_cache_usage_perc gauge", "# TYPE vllm:num_preemptions_total counter"]  # fmt: skip
+    values = {("a", "0"): (1, 0, 0.1, 1), ("a", "1"): (2, 1, 0.2, 0), ("b", "0"): (3, 2, 0.3, 4), ("b", "1"): (4, 3, 0.8, 5)}
+    for (model, engine), (r, w, k, p) in values.items():
+        lab = f'{{engine="{engine}",model_name="{model}"}}'
+        lines += [f"vllm:num_requests_running{lab} {r}", f"vllm:num_requests_waiting{lab} {w}",
+                  f"vllm:kv_cache_usage_perc{lab} {k}", f"vllm:num_preemptions_total{lab} {p}"]  # fmt: skip
+    got = _norm("\n".join(lines) + "\n")
+    assert got[("soakd_server_requests_running", ())] == 10
+    assert got[("soakd_server_requests_waiting", ())] == 6
+    assert got[("soakd_server_kv_cache_usage_ratio", ())] == pytest.approx(0.35)
+    assert got[("soakd_server_preemptions_total", ())] == 10
+
+
+def test_sglang_rank_copies_are_not_double_counted() -> None:
+    """With --enable-metrics-for-all-schedulers every TP rank reports its scheduler's numbers: one
+    value per data-parallel rank, whatever the tensor-parallel size."""
+    lines = ["# TYPE sglang:num_running_reqs gauge", "# TYPE sglang:token_usage gauge"]
+    for dp, (running, usage) in {"0": (5, 0.5), "1": (3, 0.3)}.items():
+        for tp in ("0", "1"):
+            lab = f'{{dp_rank="{dp}",engine_type="unified",model_name="m",pp_rank="0",tp_rank="{tp}"}}'
+            lines += [f"sglang:num_running_reqs{lab} {running}", f"sglang:token_usage{lab} {usage}"]
+    got = _norm("\n".join(lines) + "\n")
+    assert got[("soakd_server_requests_running", ())] == 8
+    assert got[("soakd_server_kv_cache_usage_ratio", ())] == pytest.approx(0.4)
+
+
+def test_sglang_retracted_gauge_is_not_a_preemption_count() -> None:
+    text = _drop(fixture("sglang"), "num_retracted_requests_total")
+    assert "sglang:num_retracted_reqs{" in text
+    assert ("soakd_server_preemptions_total", ()) not in _norm(text)
+
+
+def test_triton_falls_back_to_used_over_max_blocks() -> None:
+    text = _drop(fixture("triton_trtllm"), 'kv_cache_block_type="fraction"')
+    assert _norm(text)[("soakd_server_kv_cache_usage_ratio", ())] == pytest.approx(2000 / 8000)
+
+
+def test_tgi_before_warmup_has_no_kv_proxy() -> None:
+    text = _drop(fixture("tgi"), "tgi_batch_max_total_tokens")
+    got = _norm(text)
+    assert ("soakd_server_kv_cache_usage_ratio", ()) not in got
+    assert got[("soakd_server_requests_running", ())] == 12
+
+
+def test_old_llamacpp_kv_gauge_is_used() -> None:
+    text = fixture("llamacpp") + (
+        "# HELP llamacpp:kv_cache_usage_ratio KV-cache usage. 1 means 100 percent usage.\n"
+        "# TYPE llamacpp:kv_cache_usage_ratio gauge\nllamacpp:kv_cache_usage_ratio 0.125\n"
+    )
+    assert _norm(text)[("soakd_server_kv_cache_usage_ratio", ())] == pytest.approx(0.125)
+
+
+# ---------------------------------------------------------------------------------------------
+# Detection: kind override, stickiness, re-detection after a restart
+
+
+async def test_llamacpp_says_once_that_it_has_no_kv_gauge() -> None:
+    async with serving(fixture("llamacpp")) as server:
+        sampler = sampler_for(server)
+        try:
+            with capture_logs() as logs:
+                for _ in range(4):
+                    got = as_dict(await sampler.sample())
+                    assert ("soakd_server_kv_cache_usage_ratio", ()) not in got
+        finally:
+            await sampler.aclose()
+    no_kv = [e for e in logs if e["event"] == "server_no_kv_gauge"]
+    assert len(no_kv) == 1
+    assert no_kv[0]["log_level"] == "info" and no_kv[0]["kind"] == "llamacpp"
+    assert "no KV-cache gauge" in no_kv[0]["detail"]
+    assert [e["kind"] for e in logs if e["event"] == "server_kind_detected"] == ["llamacpp"]
+
+
+async def test_kind_override_restricts_the_tables() -> None:
+    async with serving(fixture("vllm_v1")) as server:
+        wrong = sampler_for(server, kind="sglang")
+        right = sampler_for(server, kind="vllm")
+        try:
+            with pytest.raises(SamplerUnavailable, match=r"no known sglang metrics at .*/metrics"):
+                await wrong.sample()
+            assert_series(await right.sample(),
+                          expected("vllm", kv=0.375, running=8, waiting=1, preemptions=3, prefix=0.4))  # fmt: skip
+        finally:
+            await wrong.aclose()
+            await right.aclose()
+
+
+async def test_detection_is_sticky_and_follows_a_server_swap() -> None:
+    async with serving(fixture("sglang")) as server:
+        sampler = sampler_for(server)
+        try:
+            with capture_logs() as logs:
+                await sampler.sample()
+                assert sampler.table is not None and sampler.table.name == "sglang"
+                # vLLM names appear as well (more signals than SGLang's): the detected table stays
+                server.serve("/metrics", fixture("sglang") + fixture("vllm_v1"))
+                got = as_dict(await sampler.sample())
+                assert sampler.table.name == "sglang"
+                assert got[("soakd_server_requests_running", ())] == 10
+                # the target restarts as vLLM: re-detected
+                server.serve("/metrics", fixture("vllm_v1"))
+                got = as_dict(await sampler.sample())
+                assert sampler.table.name == "vllm"
+                assert got[("soakd_server_info", (("kind", "vllm"),))] == 1
+        finally:
+            await sampler.aclose()
+    detected = [(e["kind"], e["previous"]) for e in logs if e["event"] == "server_kind_detected"]
+    assert detected == [("sglang", None), ("vllm", "sglang")]
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors: each a clear message; the runner records them and recovers
+
+
+async def test_unknown_exposition_is_a_clear_error() -> None:
+    node_exporter = ("# HELP node_load1 1m load average.\n# TYPE node_load1 gauge\nnode_load1 0.42\n"
+                     "# TYPE go_goroutines gauge\ngo_goroutines 12\n")  # fmt: skip
+    async with serving(node_exporter) as server:
+        sampler = sampler_for(server)
+        try:
+            with pytest.raises(SamplerUnavailable) as err:
+                await sampler.sample()
+        finally:
+            await sampler.aclose()
+    msg = str(err.value)
+    assert "no known inference-server metrics at" in msg
+    assert server.origin + "/metrics" in msg
+    assert "set samplers.server.kind or url" in msg
+
+
+async def test_empty_exposition_is_unknown() -> None:
+    async with serving("") as server:
+        sampler = sampler_for(server, url=server.origin + "/metrics")
+        try:
+            with pytest.raises(SamplerUnavailable, match="no known inference-server metrics"):
+                await sampler.sample()
+        finally:
+            await sampler.aclose()
+
+
+@pytest.mark.parametrize(
+    ("body", "ctype", "what"),
+    [
+        ("<!DOCTYPE html><html><body><h1>Welcome to nginx!</h1></body></html>", "text/html", "an HTML page"),
+        ("<html><body>login</body></html>", PLAIN, "an HTML page"),
+        ('{"detail": "Not Found"}', "application/json", "JSON"),
+        ("\x00\x01\x02\x03binary", "application/octet-stream", "binary data"),
+        ("this is not { prometheus\n", PLAIN, "not a Prometheus exposition"),
+    ],
+    ids=["html", "html_as_text", "json", "binary", "garbage"],
+)
+async def test_garbage_is_a_clear_error(body: str, ctype: str, what: str) -> None:
+    async with serving(body, ctype=ctype) as server:
+        sampler = sampler_for(server, url=server.origin + "/metrics")
+        try:
+            with pytest.raises(ScrapeError) as err:
+                await sampler.sample()
+        finally:
+            await sampler.aclose()
+    assert what in str(err.value)
+    assert server.origin + "/metrics" in str(err.value)
+
+
+async def test_invalid_utf8_is_binary() -> None:
+    async with serving(b"\xff\xfe\xfa garbage\n") as server:
+        sampler = sampler_for(server, url=server.origin + "/metrics")
+        try:
+            with pytest.raises(ScrapeError, match="binary data"):
+                await sampler.sample()
+        finally:
+            await sampler.aclose()
+
+
+async def test_http_500_is_a_clear_error() -> None:
+    async with serving("Internal Server Error", status=500) as server:
+        sampler = sampler_for(server)
+        try:
+            with pytest.raises(ScrapeError, match=r"GET http://127\.0\.0\.1:\d+/metrics returned HTTP 500"):
+                await sampler.sample()
+        finally:
+            await sampler.aclose()
+
+
+async def test_connection_refused_is_a_clear_error() -> None:
+    port = free_port()
+    sampler = ServerSampler(ServerSamplerConfig(), f"http://127.0.0.1:{port}/v1")
+    try:
+        with pytest.raises(ScrapeError, match=rf"cannot connect to http://127\.0\.0\.1:{port}/metrics"):
+            await sampler.sample()
+    finally:
+        await sampler.aclose()
+
+
+async def test_runner_marks_the_sampler_down_then_up_when_the_server_comes_back() -> None:
+    port = free_port()
+    sampler = ServerSampler(ServerSamplerConfig(), f"http://127.0.0.1:{port}/v1")
+    runner = SamplerRunner(sampler, interval=2.0)
+    server = MetricsServer({"/metrics": (200, fixture("vllm_v1"), PLAIN)}, port=port)
+    try:
+        with capture_logs() as logs:
+            assert await runner.run_once() is False
+            assert runner.up is False and runner.errors == 1
+            assert "cannot connect" in runner.last_error
+            assert await runner.run_once() is False  # still down: logged once
+            await server.start()
+            assert await runner.run_once() is True
+            assert runner.up is True
+            assert runner.snapshot is not None
+            assert as_dict(list(runner.snapshot.series))[("soakd_server_requests_running", ())] == 8
+            server.serve("/metrics", "oops", status=503)
+            assert await runner.run_once() is False
+            assert "HTTP 503" in runner.last_error
+    finally:
+        await server.stop()
+        await sampler.aclose()
+    events = [e["event"] for e in logs if e["event"].startswith("sampler_")]
+    assert events == ["sampler_down", "sampler_up", "sampler_down"]
+
+
+async def test_snapshot_collector_exports_the_catalogue_names() -> None:
+    async with serving(fixture("sglang")) as server:
+        sampler = sampler_for(server)
+        runner = SamplerRunner(sampler, interval=5.0)
+        try:
+            assert await runner.run_once()
+        finally:
+            await sampler.aclose()
+    collector = SnapshotCollector([runner], BY_NAME)
+
+    class _C:
+        def collect(self):  # noqa: ANN202
+            return collector()
+
+    reg = CollectorRegistry()
+    reg.register(_C())  # type: ignore[arg-type]
+    assert reg.get_sample_value("soakd_server_info", {"kind": "sglang"}) == 1.0
+    assert reg.get_sample_value("soakd_server_kv_cache_usage_ratio") == pytest.approx(0.4)
+    assert reg.get_sample_value("soakd_server_requests_waiting") == 3
+    assert reg.get_sample_value("soakd_server_preemptions_total") == 5
+    assert reg.get_sample_value("soakd_server_prefix_cache_hit_ratio") == pytest.approx(0.3)
+    assert reg.get_sample_value("soakd_sampler_up", {"sampler": "server"}) == 1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# URLs and sessions
+
+
+def test_metrics_url_auto_is_the_target_origin() -> None:
+    assert metrics_urls("auto", "http://vllm:8000/v1") == ["http://vllm:8000/metrics", "http://vllm:8000/prometheus/metrics"]
+    assert metrics_urls("auto", "https://user:secret@gw.example:8443/openai/v1")[0] == "https://gw.example:8443/metrics"
+    assert metrics_urls("http://triton:8002/metrics", "http://triton:9000/v1") == ["http://triton:8002/metrics"]
+    with pytest.raises(ValueError, match="none"):
+        metrics_urls("none", "http://vllm:8000/v1")
+    with pytest.raises(ValueError, match="samplers.server.url"):
+        metrics_urls("auto", "/v1")
+    assert redact_url("http://user:secret@host:1/metrics") == "http://host:1/metrics"
+
+
+async def test_credentials_never_appear_in_errors() -> None:
+    port = free_port()
+    sampler = ServerSampler(ServerSamplerConfig(url=f"http://admin:hunter2@127.0.0.1:{port}/metrics"), "http://x/v1")
+    try:
+        with pytest.raises(ScrapeError) as err:
+            await sampler.sample()
+    finally:
+        await sampler.aclose()
+    assert "hunter2" not in str(err.value) and "admin" not in str(err.value)
+
+
+async def test_a_shared_session_is_used_and_not_closed() -> None:
+    async with serving(fixture("tgi")) as server:
+        async with aiohttp.ClientSession() as shared:
+            calls = 0
+
+            def factory() -> aiohttp.ClientSession:
+                nonlocal calls
+                calls += 1
+                return shared
+
+            sampler = ServerSampler(ServerSamplerConfig(), server.target_url, session_factory=factory)
+            await sampler.sample()
+            await sampler.sample()
+            await sampler.aclose()
+            assert calls == 2
+            assert not shared.closed
+
+
+def test_exposition_selectors() -> None:
+    expo = Exposition([])
+    assert expo.first(["x"]) is None
+    expo = parse_exposition(fixture("triton_trtllm"))
+    found = expo.first([ref("nv_trt_llm_request_metrics", request_type="nope"),
+                        ref("nv_trt_llm_request_metrics", request_type="active")])  # fmt: skip
+    assert found is not None and [c.value for c in found[1]] == [7]
+
+
+async def test_the_embedded_simulator_reads_as_vllm() -> None:
+    from soakd.sim import SimConfig, SimServer
+
+    async with SimServer(SimConfig(port=0, host="127.0.0.1")) as sim:
+        sampler = ServerSampler(ServerSamplerConfig(), sim.base_url)
+        try:
+            got = as_dict(await sampler.sample())
+        finally:
+            await sampler.aclose()
+    assert got[("soakd_server_info", (("kind", "vllm"),))] == 1
+    assert got[("soakd_server_requests_running", ())] == 0
+    assert got[("soakd_server_requests_waiting", ())] == 0
+    assert 0 <= got[("soakd_server_kv_cache_usage_ratio", ())] <= 1
+    assert got[("soakd_server_preemptions_total", ())] == 0
+
+
+async def test_a_slow_server_times_out_with_a_clear_error() -> None:
+    import asyncio
+
+    from soakd.samplers.promtext import Scraper
+
+    release = asyncio.Event()
+
+    async def slow(_: web.Request) -> web.Response:
+        await asyncio.wait_for(release.wait(), 5)
+        return web.Response(text="")
+
+    app = web.Application()
+    app.router.add_get("/metrics", slow)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = runner.addresses[0][1]
+    scraper = Scraper(timeout=aiohttp.ClientTimeout(total=0.2))
+    try:
+        with pytest.raises(ScrapeError, match=r"GET http://127\.0\.0\.1:\d+/metrics timed out \(limit 0\.2s\)"):
+            await scraper.scrape(f"http://127.0.0.1:{port}/metrics")
+    finally:
+        release.set()
+        await scraper.aclose()
+        await runner.cleanup()
