@@ -173,10 +173,11 @@ def _install_signals(daemon: Any) -> None:
 # ---- run ---------------------------------------------------------------------------------------
 
 
-async def _soak(cfg: SoakConfig, progress: bool | None = None) -> tuple[int, dict[str, Any] | None]:
+async def _soak(cfg: SoakConfig, progress: bool | None = None,
+                nvml_module: Any = None) -> tuple[int, dict[str, Any] | None]:
     from soakd.daemon import SoakDaemon, StartupError
 
-    daemon = SoakDaemon(cfg, progress=progress)
+    daemon = SoakDaemon(cfg, progress=progress, nvml_module=nvml_module)
     _install_signals(daemon)
     try:
         final = await daemon.run()
@@ -213,12 +214,33 @@ def cmd_run(args: argparse.Namespace) -> int:
 # ---- demo --------------------------------------------------------------------------------------
 
 
+def _demo_episodes(cfg: SoakConfig, sim: dict[str, Any]) -> None:
+    """--demo-episodes: a thermal-throttling episode a third of the way in (a sixth of the run, SM
+    clock at 60%) and a power cap two thirds in (a tenth of the run, at half the demo load's extra
+    power), unless the sim: block (SOAKD_SIM__FAULTS__*) already schedules them."""
+    faults, dev, length = sim["faults"], sim["device"], cfg.run.duration
+    if faults.get("thermal_throttle_at") is None:
+        faults.update(thermal_throttle_at=round(length / 3, 3), thermal_throttle_duration=round(length / 6, 3),
+                      thermal_throttle_clock_ratio=0.6)
+    if faults.get("power_cap_at") is None:
+        load = dev["power_per_request_watts"] * min(cfg.load.effective_concurrency if cfg.load.closed_loop else 16,
+                                                    sim["max_batch"])
+        cap = min(dev["idle_power_watts"] + max(10.0, load / 2), dev["power_limit_watts"] - 1)
+        faults.update(power_cap_at=round(length * 2 / 3, 3), power_cap_duration=round(length / 10, 3),
+                      power_cap_watts=round(cap, 1))
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
+    """The simulator and a soak against it in one process. The soak samples the simulator's /metrics
+    (KV cache, batch) and its simulated GPU through the fake NVML (soakd.sim.fake_pynvml bound to the
+    simulator's device), so the soakd_gpu_* series follow the load. A clean run by default;
+    --demo-episodes (or SOAKD_SIM__FAULTS__THERMAL_THROTTLE_AT=60s and friends) injects throttling."""
     from soakd import logging_setup
 
     defaults = {
         "run": {"duration": 180.0, "window": 30.0, "warmup": 10.0, "grace": 10.0, "state_dir": "./soakd-state"},
         "load": {"concurrency": 16},
+        "samplers": {"interval": 2.0, "nvml": {"mode": "on"}},
         "metrics": {"host": "127.0.0.1", "port": 9400},
         "log": {"format": "console", "summary_interval": 30.0},
     }
@@ -236,18 +258,28 @@ def cmd_demo(args: argparse.Namespace) -> int:
     progress = cfg.log.progress if cfg.log.progress is not None else True
 
     async def demo() -> tuple[int, dict[str, Any] | None]:
+        from soakd.sim import fake_pynvml
         from soakd.sim.config import SimConfig
         from soakd.sim.server import SimServer
 
-        sim_cfg = cfg.sim.model_copy(update={"host": "127.0.0.1", "port": args.sim_port})
-        async with SimServer(SimConfig.model_validate(sim_cfg.model_dump())) as sim:
+        sim_data = cfg.sim.model_dump()
+        sim_data.update(host="127.0.0.1", port=args.sim_port)
+        if getattr(args, "demo_episodes", False):
+            _demo_episodes(cfg, sim_data)
+        async with SimServer(SimConfig.model_validate(sim_data)) as sim:
+            nvml = None
+            if cfg.samplers.nvml.mode != "off":
+                fake_pynvml.bind(sim.device)  # the soak's NVML sampler sees the simulated GPU(s)
+                nvml = fake_pynvml
             run_cfg = cfg.model_copy(update={"target": cfg.target.model_copy(update={"url": sim.base_url})})
+            where = (f"http://{cfg.metrics.host}:{cfg.metrics.port}/metrics" if cfg.metrics.port
+                     else "a free port (metrics_url in the soakd_started line)")
             sys.stdout.write(
                 f"soakd demo: simulator at {sim.base_url}, soak for {args.duration or '3m'} "
-                f"with {int(cfg.run.window)}s windows; metrics at http://{cfg.metrics.host}:{cfg.metrics.port}/metrics\n"
+                f"with {int(cfg.run.window)}s windows; metrics at {where}\n"
             )
             sys.stdout.flush()
-            return await _soak(run_cfg, progress=progress)
+            return await _soak(run_cfg, progress=progress, nvml_module=nvml)
 
     try:
         code, final = _run_async(demo())
@@ -381,13 +413,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("run", help="soak a target server", description="Soak an OpenAI-compatible server. "
-                       "Flags override the YAML file, which overrides SOAKD_* environment variables' defaults.")
+                       "Precedence: command-line flags > SOAKD_* environment variables (SOAKD_RUN__DURATION=1h) > "
+                       "the YAML file > defaults.")
     add_run_arguments(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("demo", help="soak the embedded simulator for a few minutes")
     add_run_arguments(p, demo=True)
     p.add_argument("--sim-port", type=int, default=0, help="simulator port (default: any free port)")
+    p.add_argument("--demo-episodes", action="store_true",
+                   help="inject a thermal-throttling episode a third of the way in and a power cap two thirds in "
+                        "(default: a clean run; SOAKD_SIM__FAULTS__* schedule them yourself)")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("check", help="OpenAI compatibility probe of a target")

@@ -172,7 +172,10 @@ class LoadConfig(_Model):
     @model_validator(mode="after")
     def _one_mode(self) -> "LoadConfig":
         if self.concurrency is not None and self.rate is not None:
-            raise ValueError("set either concurrency (closed loop) or rate (open loop), not both")
+            raise ValueError(
+                f"set either concurrency (closed loop) or rate (open loop), not both "
+                f"(got concurrency={self.concurrency}, rate={self.rate})"
+            )
         return self
 
     @field_validator("mix")
@@ -285,27 +288,35 @@ class SoakConfig(_Model):
     @field_validator("scenarios")
     @classmethod
     def _names(cls, v: dict[str, ScenarioConfig]) -> dict[str, ScenarioConfig]:
+        problems = []
         for name, sc in v.items():
             if not _NAME.match(name):
-                raise ValueError(f"scenario name {name!r} must be lower_snake_case (a Prometheus label value)")
-            if name not in BUILTIN_SCENARIOS and sc.like is None and sc.source is None:
-                raise ValueError(
-                    f"custom scenario {name!r} needs 'like: <built-in>' or a 'source' (jsonl/sharegpt dataset)"
+                problems.append(f"scenario name {name!r} must be lower_snake_case (a Prometheus label value)")
+            elif name not in BUILTIN_SCENARIOS and sc.like is None and sc.source is None:
+                problems.append(
+                    f"scenarios.{name}: custom scenario {name!r} needs 'like: <built-in>' or a 'source' "
+                    "(jsonl/sharegpt dataset)"
                 )
+        if problems:
+            raise ValueError("\n".join(problems))
         return v
 
     @model_validator(mode="after")
     def _mix_known(self) -> "SoakConfig":
+        # every cross-field problem at once, one line each, each starting with its field path
+        problems = []
         unknown = [n for n in self.load.mix if n not in BUILTIN_SCENARIOS and n not in self.scenarios]
         if unknown:
-            raise ValueError(
-                f"load.mix names unknown scenario(s) {unknown}; built-in: {list(BUILTIN_SCENARIOS)}, "
+            problems.append(
+                f"load.mix: unknown scenario(s) {unknown}; built-in: {list(BUILTIN_SCENARIOS)}, "
                 f"or define them under scenarios:"
             )
         if self.run.window < 1.0:
-            raise ValueError("run.window must be at least 1s")
+            problems.append(f"run.window: must be at least 1s (got {self.run.window:g}s)")
         if self.target.api_key_env and self.target.api_key_file:
-            raise ValueError("target: set api_key_env or api_key_file, not both")
+            problems.append("target: set api_key_env or api_key_file, not both")
+        if problems:
+            raise ValueError("\n".join(problems))
         return self
 
     # ---- secrets -----------------------------------------------------------------------
@@ -391,8 +402,15 @@ def format_validation_error(exc: ValidationError, where: str = "") -> list[str]:
         shown = err.get("input")
         value = ""
         if err["type"] not in ("missing",) and not isinstance(shown, (dict, list)) and "api_key" not in loc:
-            value = f" (got {shown!r})"
-        lines.append(f"{loc}: {msg}{value}{where}")
+            if repr(shown) not in msg:  # parse_duration's message already quotes the bad value
+                value = f" (got {shown!r})"
+        for line in msg.split("\n"):
+            # cross-field checks name their own field path ("load.mix: ..."); keep it
+            head = line.split(":", 1)[0]
+            own = ":" in line and re.fullmatch(r"[a-z_][a-z0-9_.]*", head) is not None and (
+                loc == "(top level)" or head == loc or head.startswith(loc + ".")
+            )
+            lines.append(f"{line}{where}" if own else f"{loc}: {line}{value}{where}")
     return lines
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 import time
 import uuid
@@ -190,6 +191,15 @@ class SoakDaemon:
                 return True
             except Exception as exc:  # noqa: BLE001 - unreachable target: log once, keep trying
                 self.metrics.target_up.value = 0.0
+                if re.search(r"\bHTTP 40[13]\b", str(exc)):
+                    # the target answers and refuses the key: a configuration error, not an outage
+                    t = self.config.target
+                    where = ("target.api_key_env" if t.api_key_env else "target.api_key_file" if t.api_key_file
+                             else "target.api_key_env / target.api_key_file")
+                    raise ConfigError([
+                        f"{where}: the target refused the API key ({exc}); "
+                        + ("check the key" if self.api_key else "it needs one: pass --api-key-env or --api-key-file")
+                    ]) from None
                 if not logged:
                     log.warning("target_unreachable", url=self.config.target.url, error=f"{type(exc).__name__}: {exc}",
                                 action="retrying until it answers")
@@ -400,6 +410,7 @@ class SoakDaemon:
         }
         if rec is None or tl is None:
             out.update({"requests_measured": 0, "windows": [], "outcomes": {}})
+            log.info("soakd_finished", run_id=self.run_id, stop_reason=reason, requests_measured=0)
             return out
         total_ok = sum(self.metrics.requests.get(sc, "ok") for sc in self.scenarios)
         out.update(
@@ -419,6 +430,11 @@ class SoakDaemon:
             }
         )
         self._write_json("summary.json", out)
+        # the end of the run is an event too (JSON logs print no summary table)
+        log.info("soakd_finished", run_id=self.run_id, stop_reason=reason, elapsed=out["elapsed_seconds"],
+                 requests_sent=rec.sent, requests_measured=rec.measured,
+                 outcomes={k: v for k, v in out["outcomes"].items() if v}, windows=len(out["windows"]),
+                 summary_path=str(self.run_dir / "summary.json"))
         return out
 
     def _write_json(self, name: str, obj: dict[str, Any]) -> None:

@@ -73,8 +73,7 @@ class LoadDriver:
         rec.warmup = window < 0
         rec.expected_prompt_tokens = planned.expected_prompt_tokens
         rec.max_tokens = planned.max_tokens
-        loop = asyncio.get_running_loop()
-        self.recorder.started(rec, loop.time())
+        self.recorder.started(rec, asyncio.get_running_loop().time())
         try:
             await self.client.execute(rec, planned.body, sc.structure_check)
         finally:
@@ -86,7 +85,7 @@ class LoadDriver:
 
     async def _unit(self, window: int) -> bool:
         """Run one unit; True when the target could not be reached (the caller backs off)."""
-        unit = self.workload.next_unit(max(window, 0))
+        unit = self.workload.next_unit(window)  # warm-up (-1) has its own stratum
         take = len(unit)
         if self.max_requests is not None:
             take = min(take, self.max_requests - self.issued)
@@ -98,9 +97,8 @@ class LoadDriver:
         if self.max_requests is not None and self.issued >= self.max_requests:
             self.stop("max_requests")
         if take == 1:
-            recs = [await self._one(unit[0], window)]
-        else:
-            recs = await asyncio.gather(*(self._one(p, window) for p in unit))
+            return (await self._one(unit[0], window)).outcome is Outcome.CONNECTION_ERROR
+        recs = await asyncio.gather(*(self._one(p, window) for p in unit))
         return any(r.outcome is Outcome.CONNECTION_ERROR for r in recs)
 
     # ---- loops
@@ -131,7 +129,9 @@ class LoadDriver:
         late = self.recorder.metrics.late_sends
         stop_wait = asyncio.ensure_future(self._stop.wait())
         try:
-            for t in arrivals(self.load.arrival, float(self.load.rate or 1.0), tl.start, self.seed):
+            # rate is requests per second; a burst is one arrival of burst_size requests
+            unit_rate = float(self.load.rate or 1.0) / self.workload.requests_per_unit
+            for t in arrivals(self.load.arrival, unit_rate, tl.start, self.seed):
                 if t >= tl.end:
                     self.stop("duration")
                     break

@@ -28,6 +28,8 @@ def parse_duration(value: Any) -> float:
                     break
                 seconds += float(match.group(1)) * _UNITS[match.group(2)]
                 pos = match.end()
+            if text.startswith("-") and text != "-":
+                raise ValueError(f"a duration cannot be negative, got {value!r}") from None
             if pos != len(text) or not text:
                 raise ValueError(
                     f"expected a duration like 45s, 30m, 12h or 1h30m, got {value!r}"

@@ -9,6 +9,14 @@ twice, so server prefix caches do not make later windows faster than earlier one
 from __future__ import annotations
 
 import random
+import re
+
+_TOKEN_ESTIMATE = re.compile(r"\w+|[^\w\s]")
+
+
+def estimate_tokens(text: str) -> int:
+    """Rough token count of arbitrary text: one per word, one per punctuation or symbol character."""
+    return len(_TOKEN_ESTIMATE.findall(text))
 
 WORDS = tuple(
     """the of and to in is was that for on as with by he at from his it an were are which this
@@ -75,6 +83,6 @@ def code_prompt(rng: random.Random, corpus: Corpus, n_words: int) -> str:
         f'    """'
     )
     tail = '"""\n    result = {}\n    for item in ' + arg + "[:limit]:\n"
-    overhead = 40
+    overhead = estimate_tokens(head) + estimate_tokens(tail)
     body = corpus.text(rng, max(4, n_words - overhead))
     return head + body + tail

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,9 @@ from soakd.workload.corpus import Corpus, code_prompt
 CHAT_TEMPLATE_OVERHEAD = 8
 """Tokens a chat template adds around one user message (Llama-3 ≈ 10, Qwen ≈ 9, the simulator 0+).
 Synthetic chat prompts are shortened by this much so usage.prompt_tokens lands near the target."""
+
+CHAT_MESSAGE_OVERHEAD = 4
+"""Tokens a chat template adds for each further message of a conversation (role header, end marker)."""
 
 
 @dataclass(frozen=True)
@@ -71,8 +75,14 @@ def resolve_all(config: SoakConfig) -> dict[str, Scenario]:
         if weight <= 0:
             continue
         sc = resolve(name, config.scenarios.get(name))
-        if sc.source_path is not None and not sc.source_path.is_file():
-            errors.append(f"scenarios.{name}.source.path: file {sc.source_path} does not exist")
+        if sc.source_path is not None:
+            if not sc.source_path.is_file():
+                errors.append(f"scenarios.{name}.source.path: file {sc.source_path} does not exist")
+            else:
+                try:  # read and check it now, before any load: a bad line fails the start, not hour 3
+                    load_dataset(sc.source_path, sc.source_type)
+                except ConfigError as exc:
+                    errors.extend(f"scenarios.{name}.source.path: {e}" for e in exc.errors)
         out[name] = sc
     if errors:
         raise ConfigError(errors)
@@ -84,7 +94,18 @@ def resolve_all(config: SoakConfig) -> dict[str, Scenario]:
 
 def load_dataset(path: Path, kind: str) -> list[list[dict[str, str]]]:
     """Read a JSONL (one messages list, or {"messages": [...]}, per line) or ShareGPT JSON file
-    into a list of message lists. Raises ConfigError naming the line on malformed input."""
+    into a list of message lists. Raises ConfigError naming the line on malformed input.
+    The result is cached per (path, kind, size, mtime): validation at start and the prompt source
+    read the file once."""
+    try:
+        st = path.stat()
+    except OSError:
+        return _load_dataset(path, kind, 0, 0)
+    return _load_dataset(path, kind, st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=8)
+def _load_dataset(path: Path, kind: str, _size: int, _mtime_ns: int) -> list[list[dict[str, str]]]:
     where = f"dataset {path}"
     try:
         text = path.read_text(encoding="utf-8")
@@ -172,10 +193,12 @@ class PromptSource:
             msgs = self.dataset[self._order[self._pos % len(self._order)]]
             self._pos += 1
             return msgs
+        # the completions endpoint applies no chat template: the whole target is text
+        overhead = CHAT_TEMPLATE_OVERHEAD if self.sc.endpoint == "chat" else 0
         if self.sc.base == "code_completion":
-            text = code_prompt(self.rng, self.corpus, target_tokens - CHAT_TEMPLATE_OVERHEAD)
+            text = code_prompt(self.rng, self.corpus, target_tokens - overhead)
         else:
-            text = self.corpus.text(self.rng, target_tokens - CHAT_TEMPLATE_OVERHEAD)
+            text = self.corpus.text(self.rng, target_tokens - overhead)
         return [{"role": "user", "content": text}]
 
     def turn_text(self, target_tokens: int) -> str:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from soakd.workload.corpus import Corpus
+from soakd.workload.corpus import Corpus, estimate_tokens
 from soakd.workload.mix import StratifiedMix
-from soakd.workload.scenarios import PromptSource, Scenario
+from soakd.workload.scenarios import CHAT_MESSAGE_OVERHEAD, CHAT_TEMPLATE_OVERHEAD, PromptSource, Scenario
 
 
 @dataclass
@@ -16,6 +16,7 @@ class Conversation:
     messages: list[dict[str, str]] = field(default_factory=list)
     turn: int = 0
     busy: bool = False
+    content_tokens: int = 0  # estimated tokens of every message's content so far
 
 
 @dataclass
@@ -38,6 +39,9 @@ class Workload:
         self.mix = StratifiedMix(
             {n: w / max(1, scenarios[n].burst_size) for n, w in weights.items() if n in scenarios}, seed
         )
+        request_weight = sum(w for n, w in weights.items() if n in scenarios and w > 0)
+        self.requests_per_unit = request_weight / self.mix.total
+        """Mean requests per unit (a burst is one unit): the open loop's unit rate is rate / this."""
         corpus = corpus or Corpus(seed)
         self.sources = {name: PromptSource(sc, corpus, seed) for name, sc in scenarios.items()}
         self._idle_conversations: dict[str, list[Conversation]] = {n: [] for n in scenarios}
@@ -70,7 +74,9 @@ class Workload:
         src = self.sources[sc.name]
         n = src.length()
         mt = src.max_tokens()
-        return PlannedRequest(sc, self._body(sc, src.messages(n), mt), n, mt)
+        # a dataset prompt has no target length: 0 keeps it out of the prompt-length accuracy
+        expected = n if src.dataset is None else 0
+        return PlannedRequest(sc, self._body(sc, src.messages(n), mt), expected, mt)
 
     def _turn(self, sc: Scenario) -> PlannedRequest:
         src = self.sources[sc.name]
@@ -79,12 +85,18 @@ class Workload:
         n = src.length()
         if conv is None:
             conv = Conversation(sc, messages=list(src.messages(n)))
+            conv.content_tokens = sum(estimate_tokens(m["content"]) for m in conv.messages)
         else:
-            conv.messages = conv.messages + [{"role": "user", "content": src.turn_text(n)}]
+            text = src.turn_text(n)
+            conv.messages = conv.messages + [{"role": "user", "content": text}]
+            conv.content_tokens += n
         conv.turn += 1
         conv.busy = True
         mt = src.max_tokens()
-        expected = n + sum(len(m["content"].split()) for m in conv.messages[:-1])
+        # the whole conversation is the prompt: every message's content plus the template around it
+        expected = conv.content_tokens + CHAT_TEMPLATE_OVERHEAD + CHAT_MESSAGE_OVERHEAD * (len(conv.messages) - 1)
+        if src.dataset is not None or sc.endpoint != "chat":
+            expected = 0 if src.dataset is not None else conv.content_tokens
         return PlannedRequest(sc, self._body(sc, conv.messages, mt), expected, mt, conv)
 
     def finish_turn(self, planned: PlannedRequest, ok: bool, reply: str) -> None:
@@ -96,4 +108,5 @@ class Workload:
         conv.busy = False
         if ok and conv.turn < conv.scenario.turns:
             conv.messages = conv.messages + [{"role": "assistant", "content": reply}]
+            conv.content_tokens += estimate_tokens(reply)
             self._idle_conversations[conv.scenario.name].append(conv)

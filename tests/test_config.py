@@ -1,0 +1,300 @@
+"""Configuration: one model, YAML file < SOAKD_* environment < flags, every error naming its
+field path and bad value, and the API key kept out of everything soakd prints or serves."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from soakd.cli import build_parser, overrides_from_args
+from soakd.config import ConfigError, SoakConfig, env_overrides, load_config
+from soakd.daemon import SoakDaemon
+from soakd.workload.scenarios import resolve_all
+from conftest import QUICK_SIM, http_get, run_soakd, sim_server, soakd_env, wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+SECRET = "sk-test-Zq8v3LmT0pSecretValue"
+
+
+def write(tmp_path: Path, text: str, name: str = "soak.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def config_error(tmp_path: Path, text: str, **kw: object) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text), environ={}, **kw)  # type: ignore[arg-type]
+    return info.value
+
+
+# ---- errors -----------------------------------------------------------------------------------
+
+
+def test_malformed_yaml_names_line_and_column(tmp_path: Path) -> None:
+    err = config_error(tmp_path, "target:\n  url: http://x:1/v1\nrun:\n  duration: [1h\n  window: 30m\n")
+    msg = str(err)
+    assert "not valid YAML" in msg
+    assert "soak.yaml" in msg
+    assert "line 5, column" in msg  # where the parser noticed the unclosed [
+
+
+def test_yaml_that_is_not_a_mapping(tmp_path: Path) -> None:
+    err = config_error(tmp_path, "- target\n- run\n")
+    assert "expected a mapping" in str(err)
+
+
+def test_unreadable_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read it"):
+        load_config(tmp_path / "missing.yaml", environ={})
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "value"),
+    [
+        ("run:\n  durashun: 1h\n", "run.durashun", "unknown field"),
+        ("target:\n  timeouts:\n    idle_s: 5\n", "target.timeouts.idle_s", "unknown field"),
+        ("load:\n  concurrency: many\n", "load.concurrency", "'many'"),
+        ("target:\n  keep_alive: sometimes\n", "target.keep_alive", "'sometimes'"),
+        ("load:\n  arrival: bursty\n", "load.arrival", "'bursty'"),
+        ("target:\n  url: ftp://example.com/v1\n", "target.url", "'ftp://example.com/v1'"),
+        ("run:\n  duration: 12 hours\n", "run.duration", "'12 hours'"),
+        ("run:\n  window: 5 minutes\n", "run.window", "'5 minutes'"),
+        ("run:\n  duration: -5s\n", "run.duration", "'-5s'"),
+        ("run:\n  warmup: -1\n", "run.warmup", "-1"),
+        ("load:\n  concurrency: -3\n", "load.concurrency", "-3"),
+        ("load:\n  rate: -2.5\n", "load.rate", "-2.5"),
+        ("load:\n  max_in_flight: 0\n", "load.max_in_flight", "0"),
+        ("metrics:\n  port: 70000\n", "metrics.port", "70000"),
+        ("load:\n  mix: {short_chat: -1}\n", "load.mix", "-1"),
+        ("load:\n  concurrency: 4\n  rate: 10\n", "load", "concurrency=4, rate=10"),
+        ("load:\n  mix: {short_chat: 1, shrot_chat: 2}\n", "load.mix", "'shrot_chat'"),
+        ("load:\n  mix: {my_chat: 1}\nscenarios:\n  my_chat:\n    max_tokens: 64\n",
+         "scenarios.my_chat", "'my_chat'"),
+        ("scenarios:\n  short_chat:\n    max_tokens: [10, 5]\n", "scenarios.short_chat.max_tokens", "[10, 5]"),
+        ("scenarios:\n  short_chat:\n    temperature: 3\n", "scenarios.short_chat.temperature", "3"),
+        ("scenarios:\n  mine:\n    like: short_chat\n    source: {type: jsonl}\nload:\n  mix: {mine: 1}\n",
+         "scenarios.mine.source", "'jsonl'"),
+        ("scenarios:\n  BadName:\n    like: short_chat\n", "scenarios", "'BadName'"),
+        ("run:\n  window: 500ms\n", "run.window", "0.5s"),
+        ("target:\n  headers: {Authorization: Bearer x}\n", "target.headers", "api_key_env"),
+    ],
+)
+def test_error_names_field_path_and_bad_value(tmp_path: Path, text: str, path: str, value: str) -> None:
+    err = config_error(tmp_path, text)
+    assert len(err.errors) >= 1
+    line = next((e for e in err.errors if e.startswith(path + ":")), None)
+    assert line is not None, f"no error line starting with {path!r}: {err.errors}"
+    assert value in line, f"{value!r} not in {line!r}"
+
+
+def test_several_errors_are_reported_at_once(tmp_path: Path) -> None:
+    err = config_error(
+        tmp_path,
+        "target:\n  url: nowhere\nrun:\n  duration: soon\n  window: 0\n  durashun: 1h\n"
+        "load:\n  concurrency: 0\n  arrival: bursty\n",
+    )
+    paths = {e.split(":", 1)[0] for e in err.errors}
+    assert {"target.url", "run.duration", "run.window", "run.durashun", "load.concurrency", "load.arrival"} <= paths
+    text = str(err)
+    for bad in ("'nowhere'", "'soon'", "'bursty'"):
+        assert bad in text
+
+
+def test_cross_field_errors_are_reported_together(tmp_path: Path) -> None:
+    err = config_error(
+        tmp_path,
+        "run:\n  window: 0.5\nload:\n  mix: {nope: 1}\ntarget:\n  api_key_env: K\n  api_key_file: /k\n",
+    )
+    paths = [e.split(":", 1)[0] for e in err.errors]
+    assert paths.count("load.mix") == 1 and "run.window" in paths and "target" in paths
+
+
+def test_missing_dataset_file_is_a_config_error(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.jsonl"
+    cfg = load_config(
+        write(tmp_path, f"load:\n  mix: {{mine: 1}}\nscenarios:\n  mine:\n    like: short_chat\n"
+                        f"    source: {{type: jsonl, path: {missing}}}\n"),
+        environ={},
+    )
+    with pytest.raises(ConfigError) as info:
+        resolve_all(cfg)
+    assert info.value.errors[0].startswith("scenarios.mine.source.path:")
+    assert str(missing) in info.value.errors[0]
+
+
+def test_malformed_dataset_fails_at_start_naming_field_and_line(tmp_path: Path) -> None:
+    data = tmp_path / "d.jsonl"
+    data.write_text('[{"role": "user", "content": "hi"}]\n{"messages": [{"role": "user"}]}\n')
+    cfg = load_config(
+        write(tmp_path, f"load:\n  mix: {{mine: 1}}\nscenarios:\n  mine:\n    like: short_chat\n"
+                        f"    source: {{type: jsonl, path: {data}}}\n"),
+        environ={},
+    )
+    with pytest.raises(ConfigError) as info:
+        resolve_all(cfg)
+    msg = info.value.errors[0]
+    assert msg.startswith("scenarios.mine.source.path:") and "line 2" in msg
+
+
+# ---- sources and precedence -----------------------------------------------------------------
+
+
+def test_env_overrides() -> None:
+    env = {"SOAKD_RUN__DURATION": "1h", "SOAKD_LOAD__CONCURRENCY": "4", "SOAKD_LOAD__MIX": "{short_chat: 3}",
+           "SOAKD_CONFIG": "/ignored.yaml", "SOAKD_NOT_A_SECTION": "x", "OTHER": "y"}
+    assert env_overrides(env) == {"run": {"duration": "1h"}, "load": {"concurrency": 4, "mix": {"short_chat": 3}}}
+    cfg = load_config(None, environ=env)
+    assert cfg.run.duration == 3600.0
+    assert cfg.load.concurrency == 4
+    assert cfg.load.mix == {"short_chat": 3.0}
+
+
+def test_env_error_names_the_field() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, environ={"SOAKD_RUN__DURATION": "soon"})
+    assert info.value.errors == ["run.duration: expected a duration like 45s, 30m, 12h or 1h30m, got 'soon'"]
+
+
+def test_precedence_file_env_flags(tmp_path: Path) -> None:
+    f = write(tmp_path, "run:\n  duration: 2h\n  seed: 5\nload:\n  rate: 5\n  concurrency: null\n")
+    env = {"SOAKD_RUN__DURATION": "1h"}
+    args = build_parser().parse_args(["run", "--duration", "30m", "--concurrency", "3"])
+    flags = overrides_from_args(args)
+
+    only_file = load_config(f, environ={})
+    assert (only_file.run.duration, only_file.load.rate, only_file.run.seed) == (7200.0, 5.0, 5)
+    file_env = load_config(f, environ=env)
+    assert file_env.run.duration == 3600.0 and file_env.run.seed == 5
+    all_three = load_config(f, flags, environ=env)
+    assert all_three.run.duration == 1800.0
+    assert all_three.run.seed == 5  # untouched by env and flags
+    # --concurrency replaces the file's open loop instead of colliding with it
+    assert all_three.load.concurrency == 3 and all_three.load.rate is None and all_three.load.closed_loop
+
+
+def test_defaults_are_the_methods() -> None:
+    cfg = SoakConfig()
+    assert cfg.run.duration == 12 * 3600 and cfg.run.window == 1800 and cfg.load.effective_concurrency == 8
+    assert set(cfg.load.mix) == {"short_chat", "long_context", "batch_burst", "multi_turn", "code_completion"}
+
+
+def test_print_config_round_trips(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, "run:\n  duration: 1h30m\n  window: 10m\nload:\n  rate: 2.5\n"), environ={})
+    dumped = cfg.redacted()
+    assert dumped["run"]["duration"] == "1h30m" and dumped["run"]["window"] == "10m"
+    again = SoakConfig.model_validate(yaml.safe_load(yaml.safe_dump(dumped)))
+    assert again == cfg
+
+
+# ---- secrets -----------------------------------------------------------------------------------
+
+
+def test_api_key_from_env_and_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_LLM_KEY", f"  {SECRET}\n")
+    assert load_config(None, {"target": {"api_key_env": "MY_LLM_KEY"}}, environ={}).api_key() == SECRET
+    key_file = tmp_path / "key"
+    key_file.write_text(f"{SECRET}\nsecond line ignored\n")
+    assert load_config(None, {"target": {"api_key_file": str(key_file)}}, environ={}).api_key() == SECRET
+    assert SoakConfig().api_key() is None
+
+
+def test_missing_api_key_is_a_config_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MY_LLM_KEY", raising=False)
+    with pytest.raises(ConfigError, match=r"target\.api_key_env: environment variable MY_LLM_KEY"):
+        load_config(None, {"target": {"api_key_env": "MY_LLM_KEY"}}, environ={}).api_key()
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    with pytest.raises(ConfigError, match=r"target\.api_key_file"):
+        load_config(None, {"target": {"api_key_file": str(empty)}}, environ={}).api_key()
+
+
+def test_the_key_is_not_a_config_field() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, {"target": {"api_key": SECRET}}, environ={})
+    assert "target.api_key: unknown field" in str(info.value)
+    assert SECRET not in str(info.value)  # not even echoed back in the error
+
+
+async def test_print_config_never_shows_the_key(tmp_path: Path) -> None:
+    key_file = tmp_path / "key"
+    key_file.write_text(SECRET)
+    for flag, value in (("--api-key-env", "MY_LLM_KEY"), ("--api-key-file", str(key_file))):
+        rc, out, err = await run_soakd(
+            "run", "--print-config", "--target", "http://127.0.0.1:9/v1", flag, value,
+            env=soakd_env(MY_LLM_KEY=SECRET),
+        )  # fmt: skip
+        assert rc == 0, err
+        printed = yaml.safe_load(out)
+        assert printed["target"]["url"] == "http://127.0.0.1:9/v1"
+        assert SECRET not in out and SECRET not in err
+        assert printed["target"]["api_key_env" if flag == "--api-key-env" else "api_key_file"] == value
+
+
+async def test_key_reaches_the_server_but_never_logs_or_summary(tmp_path: Path) -> None:
+    """A short ``soakd run`` (JSON logs at debug level) against a simulator that requires the key:
+    requests succeed — so the key went out as ``Authorization: Bearer`` — and the key is in no
+    log line, no stderr and no file soakd wrote."""
+    state = tmp_path / "state"
+    async with sim_server(api_key=SECRET, **QUICK_SIM) as sim:
+        rc, out, err = await run_soakd(
+            "run", "--target", sim.base_url, "--api-key-env", "MY_LLM_KEY", "--duration", "2s",
+            "--window", "1s", "--warmup", "0s", "--concurrency", "2", "--mix", "short_chat=1",
+            "--metrics-host", "127.0.0.1", "--metrics-port", "0", "--state-dir", str(state),
+            "--log-format", "json", "--log-level", "debug", "--no-progress",
+            env=soakd_env(MY_LLM_KEY=SECRET), timeout=30,
+        )  # fmt: skip
+    assert rc == 0, out[-2000:] + err[-2000:]
+    assert SECRET not in out and SECRET not in err
+    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert any(e.get("event") == "soakd_started" for e in events)
+    summaries = list(state.glob("*/summary.json"))
+    assert len(summaries) == 1
+    summary = json.loads(summaries[0].read_text())
+    assert summary["outcomes"]["ok"] > 0 and summary["outcomes"]["http_error"] == 0
+    for f in state.rglob("*"):
+        if f.is_file():
+            assert SECRET not in f.read_text(errors="replace"), f
+
+
+async def test_key_not_in_status_metrics_or_final_summary(tmp_path: Path) -> None:
+    key_file = tmp_path / "key"
+    key_file.write_text(SECRET + "\n")
+    async with sim_server(api_key=SECRET, **QUICK_SIM) as sim:
+        cfg = load_config(None, {
+            "target": {"url": sim.base_url, "api_key_file": str(key_file)},
+            "run": {"duration": 2.0, "window": 1.0, "warmup": 0, "state_dir": str(tmp_path / "state")},
+            "load": {"concurrency": 2, "mix": {"short_chat": 1}},
+            "metrics": {"host": "127.0.0.1", "port": 0},
+        }, environ={})  # fmt: skip
+        daemon = SoakDaemon(cfg, progress=False)
+        task = asyncio.create_task(daemon.run())
+        try:
+            await wait_until(lambda: daemon.recorder is not None and daemon.recorder.finished_count >= 3,
+                             what="a few finished requests")
+            base = daemon.web.url
+            for path in ("/status", "/metrics", "/readyz", "/healthz", "/"):
+                status, body = await http_get(base + path)
+                assert status == 200, path
+                assert SECRET not in body, path
+            _, status_body = await http_get(base + "/status")
+            assert json.loads(status_body)["outcomes"]["ok"] >= 3  # the key worked
+        finally:
+            final = await asyncio.wait_for(task, 20)
+    assert SECRET not in json.dumps(final, default=str)
+    assert SECRET not in json.dumps(daemon.status(), default=str)
+
+
+def test_simulator_key_in_config_is_masked(tmp_path: Path) -> None:
+    """The one secret a config file may hold is the simulator's own key (``soakd sim``/``demo``):
+    the effective configuration masks it, and the simulator still gets the real value."""
+    cfg = load_config(write(tmp_path, f"sim:\n  api_key: {SECRET}\n"), environ={})
+    dumped = yaml.safe_dump(cfg.redacted())
+    assert SECRET not in dumped and "**********" in dumped
+    assert cfg.sim.api_key is not None and cfg.sim.api_key.get_secret_value() == SECRET
+    assert SECRET not in repr(cfg) and SECRET not in str(cfg)

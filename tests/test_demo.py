@@ -1,0 +1,171 @@
+"""End to end, compressed: ``soakd demo``, SIGTERM mid-run, ``max_requests``, and a target that
+is down when the soak starts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from soakd.config import load_config
+from soakd.daemon import SoakDaemon
+from conftest import QUICK_SIM, SoakdProcess, free_port, http_get, run_soakd, sim_server
+
+pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]
+
+WINDOW_ROW = re.compile(r"^\s+(\d+)(\*?)\s+(\d+)\s+[\d.]+\s+\d+\s+\d+/\d+\s+\d+/\d+\s+\d+\s+([\d.]+)%$")
+
+
+def summary_rows(out: str) -> list[tuple[int, bool, int, float]]:
+    rows = []
+    for line in out.splitlines():
+        m = WINDOW_ROW.match(line)
+        if m:
+            rows.append((int(m.group(1)), m.group(2) == "*", int(m.group(3)), float(m.group(4))))
+    return rows
+
+
+async def test_demo(tmp_path: Path) -> None:
+    rc, out, err = await run_soakd(
+        "demo", "--duration", "8s", "--window", "2s", "--warmup", "1s", "--metrics-port", "0", "--no-progress",
+        cwd=tmp_path, timeout=60,
+    )  # fmt: skip
+    assert rc == 0, out[-3000:] + err[-3000:]
+    assert "soakd demo: simulator at http://127.0.0.1:" in out
+    assert "metrics at http://127.0.0.1:0/" not in out  # port 0 is not an address anyone can use
+    assert "soakd summary" in out and "ended: duration" in out
+    rows = summary_rows(out)
+    assert len(rows) >= 3, out[-3000:]
+    assert [r[0] for r in rows] == list(range(len(rows)))
+    assert all(r[2] > 0 for r in rows) and all(r[3] == 0.0 for r in rows)  # no faults configured
+    assert [r[1] for r in rows][:-1] == [False] * (len(rows) - 1)
+    assert "requests measured:" in out and "ok=" in out
+    summaries = list((tmp_path / "soakd-state").glob("*/summary.json"))
+    assert len(summaries) == 1 and json.loads(summaries[0].read_text())["stop_reason"] == "duration"
+
+
+async def test_sigterm_drains_and_writes_a_partial_window(tmp_path: Path) -> None:
+    """JSON logs: read /metrics from the soakd_started line's metrics_url, SIGTERM in the middle of
+    a window, then: exit 0, in-flight requests drained (none cancelled), the last window partial,
+    the summary in summary.json and in the soakd_finished event."""
+    async with sim_server(**dict(QUICK_SIM, tpot_base=0.005)) as sim:
+        proc = await SoakdProcess.start(
+            "run", "--target", sim.base_url, "--duration", "60s", "--window", "1s", "--warmup", "0.5s",
+            "--concurrency", "3", "--mix", "short_chat=2,multi_turn=1", "--metrics-host", "127.0.0.1",
+            "--metrics-port", "0", "--state-dir", str(tmp_path), "--log-format", "json", "--no-progress",
+        )  # fmt: skip
+        try:
+            started = await proc.json_event("soakd_started")
+            metrics_url = started["metrics_url"]
+            assert re.fullmatch(r"http://127\.0\.0\.1:\d+/metrics", metrics_url) and not metrics_url.endswith(":0/metrics")
+            await proc.json_event("window_closed")
+            status, text = await http_get(metrics_url)
+            assert status == 200
+            ok = [s.value for f in text_string_to_metric_families(text) for s in f.samples
+                  if s.name == "soakd_requests_total" and s.labels == {"scenario": "short_chat", "outcome": "ok"}]
+            assert len(ok) == 1 and ok[0] > 0
+            await asyncio.sleep(0.4)  # into the next window
+            proc.signal()
+            finished = await proc.json_event("soakd_finished", timeout=30)
+            rc = await proc.finish()
+        finally:
+            await proc.kill()
+    assert rc == 0, proc.output()[-3000:] + proc.stderr[-2000:]
+    assert finished["stop_reason"] == "SIGTERM"
+    events = [json.loads(line)["event"] for line in proc.lines if line.startswith("{")]
+    assert "stop_requested" in events and "drain_grace_expired" not in events
+    summary = json.loads(Path(finished["summary_path"]).read_text())
+    assert summary["stop_reason"] == "SIGTERM"
+    assert summary["outcomes"]["cancelled"] == 0 and summary["outcomes"]["ok"] == summary["requests_measured"]
+    windows = summary["windows"]
+    assert len(windows) >= 2
+    assert windows[-1]["partial"] is True and not any(w["partial"] for w in windows[:-1])
+    assert windows[-1]["duration_seconds"] < 1.0
+    assert summary["requests_sent"] == summary["requests_measured"] + summary["warmup_requests"]
+
+
+async def test_max_requests_sends_exactly_that_many(tmp_path: Path) -> None:
+    async with sim_server(**QUICK_SIM) as sim:
+        cfg = load_config(None, {
+            "target": {"url": sim.base_url},
+            "run": {"duration": 60.0, "window": 10.0, "warmup": 0, "max_requests": 25, "state_dir": str(tmp_path)},
+            "load": {"concurrency": 4},
+            "scenarios": {"long_context": {"max_tokens": 16}, "code_completion": {"max_tokens": 16}},
+            "metrics": {"host": "127.0.0.1", "port": 0},
+        }, environ={})  # fmt: skip
+        final = await asyncio.wait_for(SoakDaemon(cfg, progress=False).run(), 30)
+        received = len(sim.recent)
+    assert final["stop_reason"] == "max_requests"
+    assert final["requests_sent"] == 25 == received
+    assert final["requests_measured"] == 25 and final["outcomes"]["ok"] == 25
+    assert final["elapsed_seconds"] < 30  # it did not run to the duration
+    assert len(final["windows"]) == 1 and final["windows"][0]["partial"] is True
+
+
+async def test_target_down_at_start_then_up(tmp_path: Path) -> None:
+    port = free_port()
+    proc = await SoakdProcess.start(
+        "run", "--target", f"http://127.0.0.1:{port}/v1", "--duration", "2s", "--window", "1s", "--warmup", "0s",
+        "--concurrency", "2", "--mix", "short_chat=1", "--metrics-host", "127.0.0.1", "--metrics-port", "0",
+        "--state-dir", str(tmp_path), "--log-format", "json", "--no-progress",
+    )  # fmt: skip
+    try:
+        unreachable = await proc.json_event("target_unreachable")
+        assert unreachable["url"] == f"http://127.0.0.1:{port}/v1"
+        async with sim_server(port=port, **QUICK_SIM):
+            await proc.json_event("load_started", timeout=20)
+            finished = await proc.json_event("soakd_finished", timeout=20)
+            rc = await proc.finish()
+    finally:
+        await proc.kill()
+    assert rc == 0, proc.output()[-3000:]
+    assert finished["stop_reason"] == "duration"
+    assert finished["requests_measured"] > 0 and set(finished["outcomes"]) == {"ok"}
+    # logged once while down, not once per retry
+    assert sum('"target_unreachable"' in line for line in proc.lines) == 1
+
+
+async def test_grace_expiry_cancels_in_flight_requests_as_cancelled(tmp_path: Path) -> None:
+    """Requests still running when the drain grace runs out are cancelled and counted as
+    ``cancelled`` (not lost); the run still ends with a summary and nothing in flight."""
+    async with sim_server(**dict(QUICK_SIM, tpot_base=0.05)) as sim:  # ~3 s per 64-token request
+        cfg = load_config(None, {
+            "target": {"url": sim.base_url},
+            "run": {"duration": 1.0, "window": 1.0, "warmup": 0, "grace": 0.3, "state_dir": str(tmp_path)},
+            "load": {"concurrency": 2, "mix": {"short_chat": 1}},
+            "scenarios": {"short_chat": {"max_tokens": 64}},
+            "metrics": {"host": "127.0.0.1", "port": 0},
+        }, environ={})  # fmt: skip
+        daemon = SoakDaemon(cfg, progress=False)
+        final = await asyncio.wait_for(daemon.run(), 20)
+    assert final["stop_reason"] == "duration"
+    assert final["outcomes"]["cancelled"] == 2 and final["requests_measured"] == 2
+    assert daemon.metrics.requests.get("short_chat", "cancelled") == 2
+    assert daemon.metrics.in_flight.value == 0
+    assert final["windows"][-1]["outcomes"]["cancelled"] == 2
+
+
+async def test_second_stop_cancels_without_waiting_for_the_grace(tmp_path: Path) -> None:
+    async with sim_server(**dict(QUICK_SIM, tpot_base=0.05)) as sim:
+        cfg = load_config(None, {
+            "target": {"url": sim.base_url},
+            "run": {"duration": 60.0, "window": 1.0, "warmup": 0, "grace": 30.0, "state_dir": str(tmp_path)},
+            "load": {"concurrency": 2, "mix": {"short_chat": 1}},
+            "scenarios": {"short_chat": {"max_tokens": 64}},
+            "metrics": {"host": "127.0.0.1", "port": 0},
+        }, environ={})  # fmt: skip
+        daemon = SoakDaemon(cfg, progress=False)
+        task = asyncio.create_task(daemon.run())
+        await asyncio.sleep(0.5)
+        daemon.request_stop("SIGTERM")
+        await asyncio.sleep(0.2)
+        assert not task.done()  # draining: the 3 s requests are still running
+        daemon.request_stop("SIGTERM")
+        final = await asyncio.wait_for(task, 5)  # well inside the 30 s grace
+    assert final["stop_reason"] == "SIGTERM"
+    assert final["outcomes"]["cancelled"] == 2
+    assert daemon.metrics.in_flight.value == 0
