@@ -1,7 +1,10 @@
 """The embedded simulated inference server: a vLLM-like OpenAI-compatible API with
-vLLM's ``/metrics``, a latency/KV-cache model and injectable faults (``soakd sim``)."""
+vLLM's ``/metrics``, a latency/KV-cache model, simulated GPU(s) driven by the load
+(``/dcgm/metrics``, and ``fake_pynvml.bind(device)`` for NVML) and injectable faults
+(``soakd sim``)."""
 
-from soakd.sim.config import SimConfig, SimFaults
+from soakd.sim.config import SimConfig, SimDeviceConfig, SimFaults
+from soakd.sim.device import GpuReading, SimDevice
 from soakd.sim.model import SimModel
 from soakd.sim.server import (
     SIM_STATE,
@@ -15,7 +18,10 @@ from soakd.sim.text import count_chat_tokens, count_tokens
 
 __all__ = [
     "SIM_STATE",
+    "GpuReading",
     "SimConfig",
+    "SimDevice",
+    "SimDeviceConfig",
     "SimFaults",
     "SimModel",
     "SimServer",

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ByteSize,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 
 from soakd.durations import Duration
 
-__all__ = ["SimConfig", "SimFaults"]
+__all__ = ["SimConfig", "SimDeviceConfig", "SimFaults"]
+
+_GiB = 1024**3
+_MiB = 1024**2
 
 _PROBABILITY_FIELDS = (
     "error_rate_500",
@@ -97,6 +108,60 @@ class SimFaults(BaseModel):
         False,
         description=("Restart again every restart_after of uptime (true), or only once (false)."),
     )
+    thermal_throttle_at: Duration | None = Field(
+        None,
+        description=(
+            "Simulated GPU: a thermal-throttling episode starts this long after the simulator "
+            "started (simulated restarts do not reset it), e.g. '10m'. During it the cooling "
+            "cannot keep up: the temperature climbs towards device.slowdown_celsius, the "
+            "clocks-event reason sw_thermal is set (and hw_thermal when the clock ratio is 0.5 or "
+            "less), the thermal violation counter runs, the SM clock drops to "
+            "thermal_throttle_clock_ratio of its maximum and every latency of the server grows "
+            "by 1/ratio. Unset = never."
+        ),
+    )
+    thermal_throttle_duration: Duration = Field(
+        60.0, gt=0, description="How long a thermal-throttling episode lasts, e.g. '60s'."
+    )
+    thermal_throttle_clock_ratio: float = Field(
+        0.6,
+        gt=0,
+        le=1,
+        description=(
+            "SM clock during a thermal-throttling episode as a fraction of its maximum "
+            "(0.6 = 60%: latencies are 1/0.6 = 1.67x as long)."
+        ),
+    )
+    power_cap_at: Duration | None = Field(
+        None,
+        description=(
+            "Simulated GPU: a power-capping episode starts this long after the simulator started, "
+            "e.g. '20m'. During it the enforced power limit is power_cap_watts (the configured "
+            "management limit is unchanged, as when a rack power manager caps the GPU); whenever "
+            "the load would draw more, the power is held at the cap, sw_power_cap is set, the "
+            "power violation counter runs and the SM clock (and so the latency) scales down to "
+            "fit. Unset = never."
+        ),
+    )
+    power_cap_duration: Duration = Field(
+        60.0, gt=0, description="How long a power-capping episode lasts, e.g. '60s'."
+    )
+    power_cap_watts: float = Field(
+        300.0,
+        gt=0,
+        description=(
+            "Enforced power limit during a power-capping episode, in watts; must lie between "
+            "device.idle_power_watts and device.power_limit_watts."
+        ),
+    )
+    device_memory_leak_bytes_per_hour: ByteSize = Field(
+        ByteSize(0),
+        description=(
+            "Simulated GPU: device memory the server leaks per hour of uptime, independent of the "
+            "KV cache (bytes, or e.g. '2GiB'). Released when the server restarts; used memory "
+            "never exceeds the device's capacity."
+        ),
+    )
 
     @field_validator(*_PROBABILITY_FIELDS)
     @classmethod
@@ -115,10 +180,122 @@ class SimFaults(BaseModel):
         return value
 
 
+class SimDeviceConfig(BaseModel):
+    """The simulated GPU(s) behind the simulated server: an H100-like device whose telemetry
+    follows the engine's load (``GET /dcgm/metrics`` in dcgm-exporter's format, and the fake NVML
+    that ``soakd demo`` samples). Every GPU of a tensor-parallel group holds a shard of every KV
+    block, so all of them follow the same load."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpus: int = Field(1, ge=1, le=16, description="Number of simulated GPUs (one server, tensor parallel).")
+    name: str = Field(
+        "NVIDIA H100 80GB HBM3", min_length=1, description="Product name (NVML name, DCGM modelName)."
+    )
+    memory_total: ByteSize = Field(
+        ByteSize(80 * _GiB), gt=0, description="Device memory per GPU, bytes or e.g. '80GiB'."
+    )
+    memory_reserved: ByteSize = Field(
+        ByteSize(512 * _MiB),
+        description="Memory the driver reserves per GPU (NVML 'reserved', DCGM FB_RESERVED).",
+    )
+    memory_base: ByteSize = Field(
+        ByteSize(40 * _GiB),
+        description=(
+            "Memory the server holds per GPU with an empty KV cache: weights, activations, CUDA "
+            "context (bytes or e.g. '40GiB')."
+        ),
+    )
+    kv_block_bytes: ByteSize | None = Field(
+        None,
+        description=(
+            "Device memory per KV-cache block per GPU. Used memory = memory_base + blocks in use "
+            "x kv_block_bytes (+ leaked bytes). Unset: a full cache brings the GPU to 90% of "
+            "memory_total, like vLLM's gpu_memory_utilization=0.9 (8 MiB per block with the "
+            "defaults)."
+        ),
+    )
+    idle_power_watts: float = Field(70.0, gt=0, description="Power draw with nothing running.")
+    power_per_request_watts: float = Field(
+        9.0,
+        ge=0,
+        description=(
+            "Extra power per running request (the batch), before the power limit: the default "
+            "keeps a full batch of 64 under the 700 W limit."
+        ),
+    )
+    power_limit_watts: float = Field(
+        700.0, gt=0, description="Power management limit (and enforced limit outside power-cap episodes)."
+    )
+    saturation_batch: int = Field(
+        16, ge=1, description="Running requests at which GPU utilisation reaches 100%."
+    )
+    ambient_celsius: float = Field(
+        28.0, description="Inlet temperature: the GPU temperature at zero power."
+    )
+    celsius_per_watt: float = Field(
+        0.065,
+        ge=0,
+        description=(
+            "Steady-state temperature rise per watt (0.065: about 33 C idle, 70 C at 650 W with "
+            "the defaults); the HBM reads 7 C above the GPU."
+        ),
+    )
+    thermal_time_constant: Duration = Field(
+        30.0,
+        gt=0,
+        description=(
+            "Time constant of the first-order thermal lag: after a load step the temperature "
+            "covers 63% of the way to its new steady state in this time (e.g. '30s'; shorter "
+            "compresses the thermal behaviour for short demos and tests)."
+        ),
+    )
+    slowdown_celsius: float = Field(
+        87.0,
+        description="Temperature the GPU climbs towards during a thermal-throttling episode.",
+    )
+    sm_clock_max_mhz: int = Field(
+        1980,
+        ge=1,
+        description=(
+            "Maximum SM clock; the simulated GPU runs at it unless throttled (also while idle, "
+            "so every dip is a throttle)."
+        ),
+    )
+    memory_clock_mhz: int = Field(2619, ge=1, description="Memory clock (constant).")
+
+    @model_validator(mode="after")
+    def _check(self) -> SimDeviceConfig:
+        if self.memory_reserved + self.memory_base >= self.memory_total:
+            raise ValueError(
+                f"memory_base ({self.memory_base.human_readable()}) + memory_reserved "
+                f"({self.memory_reserved.human_readable()}) must be below memory_total "
+                f"({self.memory_total.human_readable()})"
+            )
+        if self.kv_block_bytes is None and self.memory_base >= 0.9 * self.memory_total:
+            raise ValueError(
+                "memory_base leaves no room for the KV cache below 90% of memory_total; "
+                "set kv_block_bytes explicitly or lower memory_base"
+            )
+        if self.idle_power_watts >= self.power_limit_watts:
+            raise ValueError(
+                f"idle_power_watts ({self.idle_power_watts}) must be below power_limit_watts "
+                f"({self.power_limit_watts})"
+            )
+        return self
+
+    def block_bytes(self, kv_blocks_total: int) -> int:
+        """Bytes per KV block per GPU (``kv_block_bytes``, or the 90% rule)."""
+        if self.kv_block_bytes is not None:
+            return int(self.kv_block_bytes)
+        return max(0, int((0.9 * self.memory_total - self.memory_base) / kv_blocks_total))
+
+
 class SimConfig(BaseModel):
     """The simulated vLLM-like server: address, latency model, KV-cache model and faults.
 
-    Latency model (seconds; all multiplied by the drift factor and the jitter noise):
+    Latency model (seconds; all multiplied by the drift factor, the simulated GPU's slowdown —
+    1/clock ratio while it is thermally throttled or power capped — and the jitter noise):
 
     * TTFT = time waiting for a running slot
       + ttft_base + ttft_per_prompt_token * prompt_tokens + ttft_per_queued * queue_length
@@ -187,6 +364,10 @@ class SimConfig(BaseModel):
     kv_blocks_total: int = Field(4096, ge=1, description="KV-cache blocks (capacity).")
     kv_block_size: int = Field(16, ge=1, description="Tokens per KV-cache block.")
 
+    device: SimDeviceConfig = Field(
+        default_factory=SimDeviceConfig,
+        description="The simulated GPU(s): memory, power, temperature, clocks (see /dcgm/metrics).",
+    )
     faults: SimFaults = Field(default_factory=SimFaults, description="Injected faults.")
 
     @model_validator(mode="after")
@@ -195,5 +376,23 @@ class SimConfig(BaseModel):
             raise ValueError(
                 f"default_max_tokens ({self.default_max_tokens}) must be smaller than "
                 f"max_model_len ({self.max_model_len})"
+            )
+        dev, faults = self.device, self.faults
+        if dev.kv_block_bytes is not None:
+            need = dev.memory_base + dev.memory_reserved + self.kv_blocks_total * dev.kv_block_bytes
+            if need > dev.memory_total:
+                raise ValueError(
+                    f"the KV cache does not fit the simulated GPU: memory_base + memory_reserved + "
+                    f"kv_blocks_total x kv_block_bytes = {ByteSize(need).human_readable()} > "
+                    f"device.memory_total ({dev.memory_total.human_readable()}); lower "
+                    "device.kv_block_bytes or kv_blocks_total"
+                )
+        if faults.power_cap_at is not None and not (
+            dev.idle_power_watts < faults.power_cap_watts < dev.power_limit_watts
+        ):
+            raise ValueError(
+                f"faults.power_cap_watts ({faults.power_cap_watts}) must lie between "
+                f"device.idle_power_watts ({dev.idle_power_watts}) and device.power_limit_watts "
+                f"({dev.power_limit_watts}) for the power-cap episode to cap anything"
             )
         return self

@@ -15,6 +15,10 @@ Engine model
   ``vllm:num_preemptions_total`` (the simulator does not actually re-schedule it);
   ``vllm:kv_cache_usage_perc`` is clamped to 1.
 * Leaked blocks (fault ``kv_leak_*``) stay held until the state is replaced (restart).
+* The running batch is integrated over time (:meth:`SimModel.load_integrals`: request-seconds
+  and busy seconds), so the simulated GPU (:mod:`soakd.sim.device`) can average the load
+  between two readings exactly; when a device is attached (``model.device``) its slowdown
+  (1/clock ratio while throttled) multiplies every latency.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -36,6 +41,9 @@ from prometheus_client.core import (
 )
 
 from soakd.sim.config import SimConfig
+
+if TYPE_CHECKING:
+    from soakd.sim.device import SimDevice
 
 __all__ = [
     "FINISH_REASONS",
@@ -221,6 +229,10 @@ class SimModel:
         self.text_rng = random.Random(seed * 7919 + 2)
 
         self.running = 0
+        # (time, request-seconds, busy seconds) up to that time; replaced as one tuple so a
+        # reader in another thread (the fake NVML) never sees a half-updated triple
+        self._load: tuple[float, float, float] = (self.started, 0.0, 0.0)
+        self.device: SimDevice | None = None  # set by the server: its slowdown scales latency
         self.waiting: deque[SimRequest] = deque()
         self.kv_held = 0  # blocks held by running requests + leaked blocks
         self.kv_leaked = 0
@@ -242,12 +254,40 @@ class SimModel:
     # ------------------------------------------------------------------ latency model
 
     def latency_multiplier(self) -> float:
-        """1 + drift_pct/100 * uptime_hours (floored at 0.05)."""
+        """1 + drift_pct/100 * uptime_hours (floored at 0.05), times the attached device's
+        slowdown (1/clock ratio while it is throttled). Taken when a request starts."""
         pct = self.config.faults.latency_drift_pct_per_hour
-        if not pct:
-            return 1.0
-        hours = (self.clock() - self.started) / 3600.0
-        return max(0.05, 1.0 + pct / 100.0 * hours)
+        multiplier = 1.0
+        if pct:
+            hours = (self.clock() - self.started) / 3600.0
+            multiplier = max(0.05, 1.0 + pct / 100.0 * hours)
+        if self.device is not None:
+            multiplier *= self.device.slowdown()
+        return multiplier
+
+    # ------------------------------------------------------------------ load integrals
+
+    def _account(self) -> None:
+        """Close the load integrals at now (call before ``running`` changes)."""
+        now = self.clock()
+        t, request_seconds, busy_seconds = self._load
+        dt = now - t
+        if dt > 0:
+            running = self.running
+            self._load = (
+                now,
+                request_seconds + running * dt,
+                busy_seconds + (dt if running else 0.0),
+            )
+
+    def load_integrals(self, now: float) -> tuple[float, float]:
+        """(request-seconds, busy seconds) since this incarnation started, up to *now*: the
+        integral of the running batch and the time anything was running. Read-only, safe
+        to call from another thread."""
+        t, request_seconds, busy_seconds = self._load
+        running = self.running
+        dt = max(0.0, now - t)
+        return request_seconds + running * dt, busy_seconds + (dt if running else 0.0)
 
     def noise(self) -> float:
         """A multiplicative noise factor (1.0 when jitter is 0)."""
@@ -347,6 +387,7 @@ class SimModel:
     def _start(self, req: SimRequest) -> None:
         req.state = RUNNING
         req.t_admitted = self.clock()
+        self._account()
         self.running += 1
         req.blocks = self.blocks_for(req.prompt_tokens)
         self.kv_held += req.blocks
@@ -396,6 +437,7 @@ class SimModel:
         req.state = DONE
         if not was_running:
             return
+        self._account()
         self.running -= 1
         self.kv_held -= req.blocks
         req.blocks = 0

@@ -2,7 +2,8 @@
 
 Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``
 (``stream`` true/false, ``stream_options.include_usage``), ``GET /metrics`` (vLLM V1 metric
-names), ``GET /health``, ``GET /version``.
+names), ``GET /dcgm/metrics`` (the simulated GPUs as dcgm-exporter shows them, see
+:mod:`soakd.sim.device`), ``GET /health``, ``GET /version``.
 
 Wire format follows vLLM's OpenAI server: the first chat chunk carries
 ``delta.role="assistant"`` (with empty content) and is sent together with the first token;
@@ -37,6 +38,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from soakd import __version__
 from soakd.sim.config import SimConfig
+from soakd.sim.device import SimDevice, dcgm_exposition
 from soakd.sim.model import FaultPlan, SimCollector, SimModel, SimRequest
 from soakd.sim.text import (
     CODE,
@@ -90,9 +92,13 @@ class SimState:
         *,
         recent: deque[RecentEntry] | None = None,
         clock: Callable[[], float] | None = None,
+        device: SimDevice | None = None,
     ) -> None:
         self.config = config
         self.model = SimModel(config, clock=clock or time.monotonic)
+        # the GPU(s) outlive a simulated restart: SimServer passes its own; alone, one per app
+        self.device = device or SimDevice(config, lambda: self.model, clock=clock or time.monotonic)
+        self.model.device = self.device
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(SimCollector(lambda: self.model, config.model))
         self.recent: deque[RecentEntry] = (
@@ -590,6 +596,13 @@ async def metrics(request: web.Request) -> web.Response:
     )
 
 
+async def dcgm_metrics(request: web.Request) -> web.Response:
+    st = request.app[SIM_STATE]
+    return web.Response(
+        body=dcgm_exposition(st.device).encode(), headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4}
+    )
+
+
 async def health(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
@@ -603,14 +616,16 @@ def build_app(
     *,
     recent: deque[RecentEntry] | None = None,
     clock: Callable[[], float] | None = None,
+    device: SimDevice | None = None,
 ) -> web.Application:
     """The simulator as an aiohttp application (state in ``app[SIM_STATE]``)."""
     app = web.Application(client_max_size=64 * 1024**2)
-    app[SIM_STATE] = SimState(config, recent=recent, clock=clock)
+    app[SIM_STATE] = SimState(config, recent=recent, clock=clock, device=device)
     app.router.add_get("/v1/models", list_models)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/dcgm/metrics", dcgm_metrics)
     app.router.add_get("/health", health)
     app.router.add_get("/version", version)
     return app
@@ -624,7 +639,9 @@ class SimServer:
 
     ``port`` is the bound port (also with ``port=0``); it is kept across simulated restarts.
     ``recent`` holds the last 10,000 ``(request_id, t_received_ns, t_first_token_ns,
-    t_done_ns)`` tuples (``time.perf_counter_ns``) across restarts.
+    t_done_ns)`` tuples (``time.perf_counter_ns``) across restarts. ``device`` is the simulated
+    GPU(s), created by :meth:`start` and kept across restarts (``/dcgm/metrics``; bind it to the
+    fake NVML with ``soakd.sim.fake_pynvml.bind(sim.device)``).
     """
 
     def __init__(
@@ -643,6 +660,7 @@ class SimServer:
         self._site: web.TCPSite | None = None
         self._restart_task: asyncio.Task[None] | None = None
         self._started = False
+        self._device: SimDevice | None = None
         self.restarts = 0
 
     # -- properties
@@ -669,6 +687,18 @@ class SimServer:
         return self.url + "/metrics"
 
     @property
+    def dcgm_metrics_url(self) -> str:
+        """The simulated GPUs in dcgm-exporter's format."""
+        return self.url + "/dcgm/metrics"
+
+    @property
+    def device(self) -> SimDevice:
+        """The simulated GPU(s) (the same object across simulated restarts)."""
+        if self._device is None:
+            raise RuntimeError("the simulator has not been started")
+        return self._device
+
+    @property
     def app(self) -> web.Application:
         if self._app is None:
             raise RuntimeError("the simulator has not been started")
@@ -693,6 +723,11 @@ class SimServer:
         if self._started:
             raise RuntimeError("SimServer.start() called twice")
         self._started = True
+        self._device = SimDevice(
+            self.config,
+            lambda: self._app[SIM_STATE].model if self._app is not None else None,
+            clock=self._clock or time.monotonic,
+        )
         await self._bring_up()
         if self.config.faults.restart_after is not None:
             self._restart_task = asyncio.create_task(self._restart_loop(), name="soakd-sim-restart")
@@ -713,7 +748,7 @@ class SimServer:
         await self.stop()
 
     async def _bring_up(self) -> None:
-        app = build_app(self.config, recent=self.recent, clock=self._clock)
+        app = build_app(self.config, recent=self.recent, clock=self._clock, device=self._device)
         runner = web.AppRunner(
             app,
             handle_signals=False,
@@ -794,6 +829,8 @@ async def serve_forever(config: SimConfig) -> None:
                 "sim.listening",
                 base_url=sim.base_url,
                 metrics_url=sim.metrics_url,
+                dcgm_metrics_url=sim.dcgm_metrics_url,
+                gpus=config.device.gpus,
                 model=config.model,
                 config=config.model_dump(mode="json", exclude={"api_key"}),
                 auth=config.api_key is not None,
@@ -830,6 +867,15 @@ _FLAG_FIELDS: dict[str, tuple[str | None, str]] = {
     "empty_rate": ("faults", "empty_rate"),
     "restart_after": ("faults", "restart_after"),
     "restart_downtime": ("faults", "restart_downtime"),
+    "gpus": ("device", "gpus"),
+    "thermal_time_constant": ("device", "thermal_time_constant"),
+    "thermal_throttle_at": ("faults", "thermal_throttle_at"),
+    "thermal_throttle_duration": ("faults", "thermal_throttle_duration"),
+    "thermal_throttle_clock_ratio": ("faults", "thermal_throttle_clock_ratio"),
+    "power_cap_at": ("faults", "power_cap_at"),
+    "power_cap_duration": ("faults", "power_cap_duration"),
+    "power_cap_watts": ("faults", "power_cap_watts"),
+    "device_memory_leak_per_hour": ("faults", "device_memory_leak_bytes_per_hour"),
 }
 
 
@@ -863,6 +909,39 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--empty-rate", type=float, default=None, help="probability of an empty output")
     g.add_argument("--restart-after", default=None, help="restart the server after this uptime")
     g.add_argument("--restart-downtime", default=None, help="how long a restart keeps it down")
+    d = parser.add_argument_group("simulated GPU (GET /dcgm/metrics; the fake NVML of soakd demo)")
+    d.add_argument("--gpus", type=int, default=None, help="number of simulated GPUs (default 1)")
+    d.add_argument(
+        "--thermal-time-constant", default=None, help="thermal lag of the GPU, e.g. 30s (default)"
+    )
+    d.add_argument(
+        "--thermal-throttle-at",
+        default=None,
+        help="start a thermal-throttling episode at this uptime, e.g. 10m (default never)",
+    )
+    d.add_argument(
+        "--thermal-throttle-duration", default=None, help="its length, e.g. 60s (default)"
+    )
+    d.add_argument(
+        "--thermal-throttle-clock-ratio",
+        type=float,
+        default=None,
+        help="SM clock during it as a fraction of max; latency grows by 1/ratio (default 0.6)",
+    )
+    d.add_argument(
+        "--power-cap-at",
+        default=None,
+        help="start a power-capping episode at this uptime, e.g. 20m (default never)",
+    )
+    d.add_argument("--power-cap-duration", default=None, help="its length, e.g. 60s (default)")
+    d.add_argument(
+        "--power-cap-watts", type=float, default=None, help="enforced limit during it (default 300)"
+    )
+    d.add_argument(
+        "--device-memory-leak-per-hour",
+        default=None,
+        help="device memory leaked per hour of uptime, e.g. 2GiB (default 0)",
+    )
 
 
 def sim_config_from_args(args: argparse.Namespace, base: SimConfig | None = None) -> SimConfig:
