@@ -1,0 +1,598 @@
+"""Drift: each tracked quantity of a window against the baseline window and the previous window.
+
+Method (pure functions over window summaries, ``WindowStats.summary()`` plus the ``*_ci``
+intervals of ``soakd.analysis.stats``):
+
+* **Change.** For each metric the signed relative change ``ratio = value / reference - 1`` (the
+  ``soakd_drift_ratio{metric,reference}`` gauge). ``error_rate`` is the exception: a relative
+  change of a small proportion is meaningless (0.1% -> 0.2% is "+100%"), so its "ratio" is the
+  absolute difference of the two error ratios (0.003 = 0.3 percentage points) and its default
+  threshold is ``error_rate_threshold`` = 0.01 (one percentage point).
+* **Uncertainty.** Each window value carries a ``confidence`` interval: distribution-free
+  order-statistic intervals for quantiles (widened by the sketch's 1% relative accuracy),
+  Poisson / compound-Poisson intervals for requests/s and output tokens/s, Wilson intervals
+  for error rates, a token-count + power interval for energy per token. The two intervals of a
+  comparison combine into one for the ratio (``stats.ratio_ci``, log-space quadrature) or for
+  the difference (``stats.difference_ci``, Newcombe).
+* **Flag.** ``status = "drift"`` only when ``|ratio| > threshold`` **and** the whole ratio
+  interval lies beyond the threshold on the same side (``lo > threshold`` or
+  ``hi < -threshold``). A true change of exactly the threshold is therefore flagged at most
+  about half the time, and a change well inside it practically never: the price of few false
+  alarms (see ``benchmarks/drift_detection.py`` for the measured rates).
+* **Insufficient.** A window (or reference) with fewer than ``min_requests`` samples of the
+  metric, or whose interval cannot be formed (a quantile needs a minimum count, e.g. 110 for
+  p95 at 95%), is ``"insufficient"``: reported, never flagged. ``"no_data"`` means the quantity
+  is absent (no GPU sampler, no streaming, a zero reference).
+* **Direction.** Latencies, error rate and energy per token degrade upwards; throughputs
+  degrade downwards. A flagged result carries ``"degraded"`` or ``"improved"``.
+
+Across the run, ``stability`` gives the method's verdict (``(max - min) / median`` over all full
+windows within the threshold) and ``recurring_drops`` looks for dips that come back at a
+near-constant period (cooling, power management, scheduling).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from soakd.analysis.stats import (
+    difference_ci,
+    energy_per_token_ci,
+    rate_ci,
+    ratio_ci,
+    tokens_rate_ci,
+    wilson_ci,
+)
+
+__all__ = [
+    "DEFAULT_METRICS",
+    "METRICS",
+    "DriftConfig",
+    "DriftResult",
+    "MetricSpec",
+    "baseline_from_report",
+    "choose_baseline",
+    "compare",
+    "evaluate",
+    "metric_value",
+    "recurring_drops",
+    "stability",
+]
+
+CI = tuple[float, float]
+Window = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    kind: Literal["quantile", "requests_rate", "tokens_rate", "error_rate", "energy"]
+    higher_is_worse: bool
+    field: str | None = None  # e.g. "e2e_seconds"
+    q: str | None = None  # e.g. "p95"
+    unit: str = ""
+
+    @property
+    def absolute(self) -> bool:
+        return self.kind == "error_rate"
+
+
+def _quantile_specs() -> dict[str, MetricSpec]:
+    out = {}
+    for short, fld in (("e2e", "e2e_seconds"), ("ttft", "ttft_seconds"), ("itl", "itl_seconds")):
+        for q in ("p50", "p95", "p99"):
+            out[f"{short}_{q}"] = MetricSpec(f"{short}_{q}", "quantile", True, fld, q, "seconds")
+    return out
+
+
+METRICS: dict[str, MetricSpec] = {
+    **_quantile_specs(),
+    "output_tokens_per_second": MetricSpec("output_tokens_per_second", "tokens_rate", False, unit="tokens/s"),
+    "requests_per_second": MetricSpec("requests_per_second", "requests_rate", False, unit="requests/s"),
+    "error_rate": MetricSpec("error_rate", "error_rate", True, unit="ratio"),
+    "energy_per_token": MetricSpec("energy_per_token", "energy", True, unit="J/token"),
+}
+
+DEFAULT_METRICS: tuple[str, ...] = (
+    "e2e_p50",
+    "e2e_p95",
+    "ttft_p50",
+    "ttft_p95",
+    "itl_p50",
+    "itl_p95",
+    "output_tokens_per_second",
+    "requests_per_second",
+    "error_rate",
+    "energy_per_token",
+)
+
+
+class DriftConfig(BaseModel):
+    """Drift detection (``analysis.drift``)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    threshold: float = Field(
+        0.05,
+        gt=0,
+        lt=1,
+        description="Relative change (0.05 = 5%) against the baseline or previous window beyond which a "
+        "metric has drifted, when the change is also statistically significant.",
+    )
+    error_rate_threshold: float = Field(
+        0.01,
+        gt=0,
+        lt=1,
+        description="error_rate is compared in absolute terms: the difference of the two error ratios "
+        "(0.01 = one percentage point) beyond which it has drifted.",
+    )
+    per_metric: dict[str, float] = Field(
+        default_factory=dict,
+        description="Per-metric thresholds overriding threshold (and error_rate_threshold), e.g. "
+        "{e2e_p95: 0.08}. Keys are metric names.",
+    )
+    confidence: float = Field(
+        0.95,
+        gt=0.5,
+        lt=1,
+        description="Confidence of the intervals: a drift is flagged only when the whole interval of the "
+        "change lies beyond the threshold. Also pass it to quantile_ci at window close.",
+    )
+    min_requests: int = Field(
+        50,
+        ge=1,
+        description="A window (or reference) with fewer samples of a metric than this is 'insufficient', "
+        "never flagged. 50 keeps the Poisson, Wilson and order-statistic approximations sound; "
+        "quantiles need more (p95 needs 110 at 95%) and are insufficient below that anyway.",
+    )
+    metrics: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_METRICS),
+        description="Tracked metrics: e2e/ttft/itl _p50/_p95/_p99, output_tokens_per_second, "
+        "requests_per_second, error_rate, energy_per_token.",
+    )
+
+    @field_validator("metrics")
+    @classmethod
+    def _known_metrics(cls, v: list[str]) -> list[str]:
+        bad = [m for m in v if m not in METRICS]
+        if bad:
+            raise ValueError(f"unknown metric(s) {bad}; known: {sorted(METRICS)}")
+        if len(set(v)) != len(v):
+            raise ValueError("metrics are listed more than once")
+        return v
+
+    @field_validator("per_metric")
+    @classmethod
+    def _known_overrides(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = [m for m in v if m not in METRICS]
+        if bad:
+            raise ValueError(f"unknown metric(s) {bad}; known: {sorted(METRICS)}")
+        for m, t in v.items():
+            if not 0 < t < 1:
+                raise ValueError(f"threshold for {m} must be in (0, 1), got {t}")
+        return v
+
+    @model_validator(mode="after")
+    def _non_empty(self) -> DriftConfig:
+        if not self.metrics:
+            raise ValueError("metrics must name at least one metric")
+        return self
+
+    def threshold_for(self, metric: str) -> float:
+        if metric in self.per_metric:
+            return self.per_metric[metric]
+        return self.error_rate_threshold if metric == "error_rate" else self.threshold
+
+
+@dataclass(frozen=True)
+class DriftResult:
+    """One metric of one window against one reference window."""
+
+    metric: str
+    reference: Literal["baseline", "previous"]
+    value: float | None
+    reference_value: float | None
+    ratio: float | None  # signed relative change (error_rate: absolute difference)
+    ratio_ci: CI | None
+    status: Literal["ok", "drift", "insufficient", "no_data"]
+    direction: Literal["degraded", "improved"] | None
+    threshold: float
+    n: int = 0
+    reference_n: int = 0
+    window: int | None = None
+    reference_window: int | None = None
+    scenario: str | None = None
+
+    @property
+    def flagged(self) -> bool:
+        return self.status == "drift"
+
+    def message(self) -> str:
+        where = f" [{self.scenario}]" if self.scenario else ""
+        absolute = METRICS[self.metric].absolute if self.metric in METRICS else False
+        if self.ratio is None:
+            return f"{self.metric}{where} vs {self.reference}: {self.status}"
+
+        def fmt(x: float) -> str:
+            return f"{x * 100:+.1f}{'pp' if absolute else '%'}"
+
+        ci = f" (CI {fmt(self.ratio_ci[0])}..{fmt(self.ratio_ci[1])})" if self.ratio_ci else ""
+        head = f"{self.metric}{where} {fmt(self.ratio)}{ci} vs {self.reference}"
+        return (
+            f"{head} window {self.reference_window}: {self.value:.6g} vs {self.reference_value:.6g}, "
+            f"threshold {self.threshold * 100:.1f}{'pp' if absolute else '%'}, n {self.n}/{self.reference_n}: "
+            f"{self.status}{' (' + self.direction + ')' if self.direction else ''}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ratio_ci"] = list(self.ratio_ci) if self.ratio_ci else None
+        return d
+
+
+# ---------------------------------------------------------------------------------------------
+# reading a window
+
+
+def _as_ci(v: Any) -> CI | None:
+    if v is None:
+        return None
+    try:
+        lo, hi = v
+    except (TypeError, ValueError):
+        return None
+    if lo is None or hi is None:
+        return None
+    return float(lo), float(hi)
+
+
+def _num(v: Any) -> float | None:
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def metric_value(
+    window: Window, metric: str, *, scenario: str | None = None, confidence: float = 0.95
+) -> tuple[float | None, CI | None, int]:
+    """``(value, interval or None, sample count)`` of a metric in a window (or one scenario of it).
+
+    Quantiles use the ``pXX_ci`` stored at window close; rates, error rate and energy per token
+    get their interval here at ``confidence``. The sample count is what ``min_requests`` is
+    checked against: the sketch count for e2e/TTFT, the number of streamed requests (TTFT count)
+    for inter-token gaps, the request count otherwise.
+    """
+    spec = METRICS.get(metric)
+    if spec is None:
+        raise KeyError(f"unknown metric {metric!r}; known: {sorted(METRICS)}")
+    if window is None:
+        return None, None, 0
+    src = window if scenario is None else (window.get("scenarios") or {}).get(scenario)
+    if not src:
+        return None, None, 0
+    duration = _num(window.get("duration_seconds"))
+    requests = int(src.get("requests") or 0)
+    outcomes = src.get("outcomes") or {}
+    ok = int(outcomes.get("ok", requests) or 0)
+
+    if spec.kind == "quantile":
+        d = src.get(spec.field) or {}
+        value = _num(d.get(spec.q))
+        n = int(d.get("count") or 0)
+        if spec.field == "itl_seconds":
+            streams = (src.get("ttft_seconds") or {}).get("count")
+            if streams:
+                n = min(n, int(streams))
+        return value, _as_ci(d.get(f"{spec.q}_ci")), n
+
+    if spec.kind == "requests_rate":
+        value = _num(src.get("requests_per_second"))
+        ci = rate_ci(requests, duration, confidence) if duration else None
+        return value, ci, requests
+
+    if spec.kind == "tokens_rate":
+        value = _num(src.get("output_tokens_per_second"))
+        if value is None:
+            return None, None, requests
+        tokens = _num(src.get("completion_tokens"))
+        if tokens is None and duration:
+            tokens = value * duration
+        ci = (
+            tokens_rate_ci(tokens, duration, _num(src.get("completion_tokens_sumsq")), ok, confidence)
+            if duration and tokens is not None
+            else None
+        )
+        return value, ci, requests
+
+    if spec.kind == "error_rate":
+        value = _num(src.get("error_rate"))
+        if value is None and requests:
+            value = 1.0 - ok / requests
+        ci = wilson_ci(requests - ok, requests, confidence) if requests else None
+        return value, ci, requests
+
+    # energy per output token: a device-level quantity, not split per scenario
+    if scenario is not None:
+        return None, None, requests
+    dev = window.get("device") or {}
+    value = _num(dev.get("energy_per_output_token_joules"))
+    if value is None:
+        return None, None, requests
+    power = dev.get("power_watts") or {}
+    ci = energy_per_token_ci(
+        value,
+        _num(window.get("completion_tokens")) or 0.0,
+        _num(window.get("completion_tokens_sumsq")),
+        ok,
+        _num(power.get("stdev")),
+        _num(power.get("mean")),
+        int(power.get("count") or 0),
+        confidence,
+    )
+    return value, ci, requests
+
+
+# ---------------------------------------------------------------------------------------------
+# comparing
+
+
+def compare(
+    window: Window,
+    reference: Window,
+    metric: str,
+    cfg: DriftConfig | None = None,
+    *,
+    reference_kind: Literal["baseline", "previous"] = "baseline",
+    scenario: str | None = None,
+) -> DriftResult:
+    """One metric of ``window`` against ``reference`` (see the module docstring for the rule)."""
+    cfg = cfg or DriftConfig()
+    spec = METRICS[metric]
+    thr = cfg.threshold_for(metric)
+    v, vci, n = metric_value(window, metric, scenario=scenario, confidence=cfg.confidence)
+    r, rci, rn = metric_value(reference, metric, scenario=scenario, confidence=cfg.confidence)
+    common = dict(
+        metric=metric,
+        reference=reference_kind,
+        value=v,
+        reference_value=r,
+        threshold=thr,
+        n=n,
+        reference_n=rn,
+        window=(window or {}).get("window"),
+        reference_window=(reference or {}).get("window"),
+        scenario=scenario,
+    )
+    if v is None or r is None or (not spec.absolute and r <= 0):
+        return DriftResult(ratio=None, ratio_ci=None, status="no_data", direction=None, **common)
+
+    if spec.absolute:
+        ratio = v - r
+        ci = difference_ci(v, vci, r, rci) if vci and rci else None
+    else:
+        ratio = v / r - 1.0
+        rc = ratio_ci(vci, rci, v, r)
+        ci = (rc[0] - 1.0, rc[1] - 1.0) if rc else None
+
+    if n < cfg.min_requests or rn < cfg.min_requests or ci is None:
+        return DriftResult(ratio=ratio, ratio_ci=ci, status="insufficient", direction=None, **common)
+
+    up = ratio > thr and ci[0] > thr
+    down = ratio < -thr and ci[1] < -thr
+    if not (up or down):
+        return DriftResult(ratio=ratio, ratio_ci=ci, status="ok", direction=None, **common)
+    degraded = up if spec.higher_is_worse else down
+    return DriftResult(
+        ratio=ratio, ratio_ci=ci, status="drift", direction="degraded" if degraded else "improved", **common
+    )
+
+
+def evaluate(
+    window: Window,
+    baseline: Window | None,
+    previous: Window | None,
+    cfg: DriftConfig | None = None,
+    *,
+    scenario: str | None = None,
+) -> list[DriftResult]:
+    """Every configured metric against the baseline and against the previous window.
+
+    A reference that is missing, or is the window itself, is skipped.
+    """
+    cfg = cfg or DriftConfig()
+    out: list[DriftResult] = []
+    idx = window.get("window")
+    for ref, kind in ((baseline, "baseline"), (previous, "previous")):
+        if ref is None or (ref is window) or (idx is not None and ref.get("window") == idx and kind == "baseline"):
+            continue
+        for metric in cfg.metrics:
+            out.append(compare(window, ref, metric, cfg, reference_kind=kind, scenario=scenario))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# baselines
+
+
+def _sufficient(window: Window, min_requests: int) -> bool:
+    ok = (window.get("e2e_seconds") or {}).get("count") or 0
+    return int(window.get("requests") or 0) >= min_requests and int(ok) >= min_requests
+
+
+def choose_baseline(windows: list[Window], min_requests: int = 50) -> Window | None:
+    """The first full window: not partial, with at least ``min_requests`` requests and as many
+    successful ones (a window in which everything failed is no baseline). Warm-up is never a
+    window, so this is "the first full window after warm-up"."""
+    for w in sorted(windows, key=lambda w: w.get("window", 0)):
+        if not w.get("partial") and _sufficient(w, min_requests):
+            return w
+    return None
+
+
+def baseline_from_report(report: Any, min_requests: int = 50) -> Window | None:
+    """The baseline window of an earlier run's JSON report (already parsed): a list of window
+    summaries, or an object with ``"baseline"`` (used as is) or ``"windows"``."""
+    if isinstance(report, list):
+        return choose_baseline([w for w in report if isinstance(w, dict)], min_requests)
+    if isinstance(report, dict):
+        if isinstance(report.get("baseline"), dict):
+            return report["baseline"]
+        if isinstance(report.get("windows"), list):
+            return choose_baseline([w for w in report["windows"] if isinstance(w, dict)], min_requests)
+        if "window" in report and "requests" in report:
+            return report
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# across the run
+
+
+def _eligible(windows: list[Window], metric: str, cfg: DriftConfig) -> list[tuple[Window, float, CI | None]]:
+    out = []
+    for w in sorted(windows, key=lambda w: w.get("window", 0)):
+        if w.get("partial"):
+            continue
+        v, ci, n = metric_value(w, metric, confidence=cfg.confidence)
+        if v is None or n < cfg.min_requests:
+            continue
+        out.append((w, v, ci))
+    return out
+
+
+def stability(windows: list[Window], cfg: DriftConfig | None = None) -> dict[str, dict[str, Any]]:
+    """The method's stability verdict per metric: ``spread = (max - min) / median`` over all full
+    windows, ``stable = spread <= threshold``.
+
+    Partial windows (the one closed at shutdown) and windows with fewer than ``min_requests``
+    samples of the metric are left out (``excluded`` counts them). ``error_rate`` uses the
+    absolute spread ``max - min`` (its median is often 0). ``stable`` is None with fewer than 2
+    windows.
+
+    Sampling noise alone widens the spread (the range of 24 windows is about 4 standard errors),
+    so each entry also gives ``spread_lower``: ``(max lo - min hi) / median`` over the windows'
+    intervals, and ``significant`` = ``spread_lower > threshold``: some window's interval lies
+    more than the threshold beyond another's. Unstable but not significant means the windows had
+    too few samples to resolve the threshold.
+    """
+    cfg = cfg or DriftConfig()
+    out: dict[str, dict[str, Any]] = {}
+    for metric in cfg.metrics:
+        spec = METRICS[metric]
+        thr = cfg.threshold_for(metric)
+        rows = _eligible(windows, metric, cfg)
+        entry: dict[str, Any] = {
+            "spread": None,
+            "stable": None,
+            "min": None,
+            "max": None,
+            "median": None,
+            "windows": len(rows),
+            "excluded": len(windows) - len(rows),
+            "threshold": thr,
+            "absolute": spec.absolute,
+            "spread_lower": None,
+            "significant": None,
+        }
+        out[metric] = entry
+        if not rows:
+            continue
+        vals = [v for _, v, _ in rows]
+        lo_, hi_, med = min(vals), max(vals), statistics.median(vals)
+        entry.update(min=lo_, max=hi_, median=med)
+        if len(rows) < 2:
+            continue
+        if spec.absolute:
+            spread = hi_ - lo_
+        elif med > 0:
+            spread = (hi_ - lo_) / med
+        else:
+            continue
+        entry["spread"] = spread
+        entry["stable"] = spread <= thr
+        cis = [ci for _, _, ci in rows if ci is not None]
+        if len(cis) == len(rows):
+            gap = max(c[0] for c in cis) - min(c[1] for c in cis)
+            lower = max(0.0, gap if spec.absolute else gap / med)
+            entry["spread_lower"] = lower
+            entry["significant"] = lower > thr
+    return out
+
+
+def recurring_drops(
+    windows: list[Window], metric: str, cfg: DriftConfig | None = None
+) -> dict[str, Any] | None:
+    """Dips that recur at a near-constant period, or None.
+
+    Rule: among full windows with enough samples (as in ``stability``), a *dip* is a window worse
+    than the run's median by more than the metric's threshold (latency/error/energy higher,
+    throughput lower) and, when the window has an interval, whose whole interval is beyond that
+    line (so a noisy p95 does not make dips). Consecutive dip windows form one episode, starting
+    at its first window. The pattern is periodic when there are at least 3 episodes, the median
+    spacing ``P`` between episode starts is at least 2 windows, and every spacing is within
+    ``max(1, 0.25 P)`` windows of ``P``; dips must also be a minority (at most half the windows),
+    else it is a level shift, not drops. The period is reported in windows and in seconds (median
+    ``start_unix`` spacing of the episodes, which includes quiesce pauses).
+    """
+    cfg = cfg or DriftConfig()
+    spec = METRICS[metric]
+    thr = cfg.threshold_for(metric)
+    rows = _eligible(windows, metric, cfg)
+    if len(rows) < 5:
+        return None
+    med = statistics.median(v for _, v, _ in rows)
+    if spec.absolute:
+        line = med + thr
+    else:
+        if med <= 0:
+            return None
+        line = med * (1 + thr) if spec.higher_is_worse else med * (1 - thr)
+
+    def is_dip(v: float, ci: CI | None) -> bool:
+        if spec.higher_is_worse:
+            return v > line and (ci is None or ci[0] > line)
+        return v < line and (ci is None or ci[1] < line)
+
+    dips = [(w, v) for w, v, ci in rows if is_dip(v, ci)]
+    if len(dips) > len(rows) / 2:
+        return None
+    episodes: list[list[tuple[Window, float]]] = []
+    for w, v in dips:
+        if episodes and w.get("window", 0) - episodes[-1][-1][0].get("window", 0) == 1:
+            episodes[-1].append((w, v))
+        else:
+            episodes.append([(w, v)])
+    if len(episodes) < 3:
+        return None
+    starts = [e[0][0].get("window", 0) for e in episodes]
+    spacings = [b - a for a, b in zip(starts, starts[1:])]
+    period = statistics.median(spacings)
+    if period < 2 or any(abs(s - period) > max(1.0, 0.25 * period) for s in spacings):
+        return None
+    times = [_num(e[0][0].get("start_unix")) for e in episodes]
+    if all(t is not None for t in times):
+        period_s = statistics.median(b - a for a, b in zip(times, times[1:]))
+    else:
+        durs = [_num(w.get("duration_seconds")) or 0.0 for w, _, _ in rows]
+        period_s = period * statistics.median(durs)
+    depths = [abs(v / med - 1.0) if not spec.absolute else abs(v - med) for w, v in dips]
+    return {
+        "metric": metric,
+        "dip_windows": [w.get("window") for w, _ in dips],
+        "episode_starts": starts,
+        "period_windows": period,
+        "period_seconds": period_s,
+        "median": med,
+        "depth": statistics.median(depths),
+        "threshold": thr,
+        "hint": "periodic drops point at cooling, power management or scheduling",
+    }

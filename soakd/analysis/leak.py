@@ -1,0 +1,364 @@
+"""Leaks: a robust trend of memory-like quantities across windows, and the idle KV residue.
+
+Method:
+
+* One value per full window and source, at comparable load (the mix is stratified, so every
+  window carries the same load):
+
+  - ``device_memory``: ``device.memory_used_bytes.min``. Within a window, used memory rises
+    and falls with the batch (activations, allocator caches); the window *minimum* is the floor
+    the allocator came back to at the window's lightest moment. A leak raises that floor, a
+    load spike only raises the maximum, so the minimum is the comparable value.
+  - ``target_gpu_memory``: ``device.target_gpu_memory_bytes.min`` (the target process's own
+    GPU memory), same reason.
+  - ``target_rss``: ``host.target_rss_bytes.min`` (the target's resident set), same reason.
+  - ``kv_cache``: ``server.kv_cache_usage_ratio.mean`` (KV usage at the window's load; growth
+    in ratio per hour, not bytes).
+
+  Partial windows (the one cut at shutdown) are left out.
+* The trend is the Theil–Sen slope (median of all pairwise slopes) against the window's mid
+  time, in units per hour, with Sen's distribution-free confidence interval from Kendall's S
+  (variance ``n(n-1)(2n+5)/18``, minus the usual correction for tied values). It ignores up to
+  ~29% outliers (a window with a transient spike) and needs no normality.
+* A source is ``significant`` when the whole interval is above 0, and ``suspected`` when it is
+  significant **and** the growth projected over ``horizon_hours`` exceeds the source's budget:
+  a real but harmless creep (a few MiB a day of allocator fragmentation) is reported, not
+  accused. Fewer than ``min_windows`` windows is ``"insufficient"``.
+* Idle KV residue (quiesce probes: load paused, in-flight drained): the residue is the idle KV
+  usage minus the *first* idle value. Suspected when the residue grows significantly from probe
+  to probe (Theil–Sen interval above 0) and its fitted value at the last probe exceeds
+  ``kv_residue_budget_ratio``: the clearest sign of a KV cache that is not released.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from soakd.analysis.stats import z_value
+
+__all__ = [
+    "LEAK_SOURCES",
+    "MAX_POINTS",
+    "LeakConfig",
+    "LeakResult",
+    "evaluate",
+    "evaluate_memory",
+    "kv_residue",
+    "memory_series",
+    "quiesce_probes",
+    "theil_sen",
+]
+
+MAX_POINTS = 500  # Theil-Sen is O(n^2) pairs; longer series are subsampled evenly to this many points
+
+LEAK_SOURCES: tuple[str, ...] = ("device_memory", "target_gpu_memory", "target_rss", "kv_cache")
+
+GIB = 1024**3
+
+Window = dict[str, Any]
+
+
+# ---------------------------------------------------------------------------------------------
+# Theil-Sen with Sen's interval
+
+
+def theil_sen(
+    xs: list[float], ys: list[float], confidence: float = 0.95
+) -> tuple[float, float, float] | None:
+    """``(slope, lo, hi)``: Theil–Sen slope and Sen's rank-based ``confidence`` interval.
+
+    Pairs with equal x are skipped. Ties in y reduce Kendall's variance (the standard tie
+    correction). The interval's ranks ``(N - C)/2`` and ``(N + C)/2 + 1`` among the ``N`` sorted
+    pairwise slopes (``C = z sqrt(Var S)``) are rounded outwards; a bound whose rank falls off
+    the list is infinite (with 95% confidence that happens below 6 points). Beyond ``MAX_POINTS``
+    points, that many are taken evenly spaced in x order. None with fewer than two distinct x.
+    """
+    pts = sorted((float(x), float(y)) for x, y in zip(xs, ys) if x is not None and y is not None)
+    pts = [(x, y) for x, y in pts if math.isfinite(x) and math.isfinite(y)]
+    n = len(pts)
+    if n > MAX_POINTS:
+        pts = [pts[round(i * (n - 1) / (MAX_POINTS - 1))] for i in range(MAX_POINTS)]
+        n = len(pts)
+    slopes = []
+    for i in range(n):
+        xi, yi = pts[i]
+        for j in range(i + 1, n):
+            xj, yj = pts[j]
+            if xj != xi:
+                slopes.append((yj - yi) / (xj - xi))
+    if not slopes:
+        return None
+    slopes.sort()
+    big_n = len(slopes)
+    slope = statistics.median(slopes)
+    ties: dict[float, int] = {}
+    for _, y in pts:
+        ties[y] = ties.get(y, 0) + 1
+    var = (n * (n - 1) * (2 * n + 5) - sum(t * (t - 1) * (2 * t + 5) for t in ties.values())) / 18.0
+    c = z_value(confidence) * math.sqrt(max(0.0, var))
+    m1 = math.floor((big_n - c) / 2.0 + 1e-9)  # 1-based rank of the lower bound
+    m2 = math.ceil((big_n + c) / 2.0 - 1e-9) + 1  # 1-based rank of the upper bound
+    lo = slopes[m1 - 1] if 1 <= m1 <= big_n else -math.inf
+    hi = slopes[m2 - 1] if 1 <= m2 <= big_n else math.inf
+    return slope, min(lo, slope), max(hi, slope)
+
+
+def _intercept(xs: list[float], ys: list[float], slope: float) -> float:
+    return statistics.median(y - slope * x for x, y in zip(xs, ys))
+
+
+# ---------------------------------------------------------------------------------------------
+# config
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+_MULT = {
+    None: 1, "b": 1,
+    "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
+    "ki": 1024, "kib": 1024, "mi": 1024**2, "mib": 1024**2, "gi": GIB, "gib": GIB, "ti": 1024**4, "tib": 1024**4,
+}  # fmt: skip
+
+
+def parse_bytes(value: Any) -> float:
+    """A byte size as users write it: ``1073741824``, ``512MiB``, ``1GiB``, ``2GB``."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a size like 512MiB or 1GiB, got {value!r}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        m = _SIZE.match(value)
+        if m:
+            unit = m.group(2).lower() if m.group(2) else None
+            return float(m.group(1)) * _MULT[unit]
+    raise ValueError(f"expected a size like 512MiB, 1GiB or a number of bytes, got {value!r}")
+
+
+Bytes = Annotated[float, BeforeValidator(parse_bytes)]
+
+
+class LeakConfig(BaseModel):
+    """Leak detection (``analysis.leak``)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    min_windows: int = Field(
+        6,
+        ge=3,
+        description="Windows needed before a trend is judged; fewer is 'insufficient'. 6 is the smallest "
+        "count for which Sen's 95% interval has finite bounds (at 30-minute windows: 3 hours).",
+    )
+    horizon_hours: float = Field(
+        24.0,
+        gt=0,
+        description="Projection horizon: growth per hour x horizon beyond the source's budget (with "
+        "significant growth) makes a leak suspected.",
+    )
+    device_memory_budget_bytes: Bytes = Field(
+        1 * GIB, gt=0, description="Device memory growth tolerated over the horizon (e.g. 1GiB)."
+    )
+    target_gpu_memory_budget_bytes: Bytes = Field(
+        1 * GIB, gt=0, description="Growth of the target process's GPU memory tolerated over the horizon."
+    )
+    target_rss_budget_bytes: Bytes = Field(
+        1 * GIB, gt=0, description="Growth of the target's host RSS tolerated over the horizon."
+    )
+    kv_cache_budget_ratio: float = Field(
+        0.1,
+        gt=0,
+        le=1,
+        description="Growth of the mean KV-cache usage ratio (at comparable load) tolerated over the "
+        "horizon (0.1 = 10 points).",
+    )
+    kv_residue_budget_ratio: float = Field(
+        0.05,
+        gt=0,
+        le=1,
+        description="Idle KV-cache residue (idle usage minus the first idle value) tolerated at the last "
+        "quiesce probe, when it grows significantly from probe to probe.",
+    )
+    confidence: float = Field(0.95, gt=0.5, lt=1, description="Confidence of Sen's slope interval.")
+
+    def budget_for(self, source: str) -> float:
+        return {
+            "device_memory": self.device_memory_budget_bytes,
+            "target_gpu_memory": self.target_gpu_memory_budget_bytes,
+            "target_rss": self.target_rss_budget_bytes,
+            "kv_cache": self.kv_cache_budget_ratio,
+            "kv_residue": self.kv_residue_budget_ratio,
+        }[source]
+
+
+# ---------------------------------------------------------------------------------------------
+# results
+
+
+@dataclass(frozen=True)
+class LeakResult:
+    source: str  # device_memory | target_gpu_memory | target_rss | kv_cache | kv_residue
+    status: Literal["ok", "suspected", "insufficient", "no_data"]
+    growth_per_hour: float | None  # bytes/h, or ratio/h for kv_cache and kv_residue
+    ci: tuple[float, float] | None
+    significant: bool
+    projected: float | None  # growth x horizon (kv_residue: fitted residue at the last probe)
+    budget: float
+    suspected: bool
+    n_windows: int  # windows (or probes) used
+    unit: Literal["bytes", "ratio"] = "bytes"
+    horizon_hours: float = 24.0
+    first: float | None = None
+    last: float | None = None
+    residue: float | None = None  # kv_residue: observed residue at the last probe
+
+    def message(self) -> str:
+        if self.growth_per_hour is None:
+            return f"{self.source}: {self.status} ({self.n_windows} windows)"
+        if self.unit == "bytes":
+            def f(v: float) -> str:
+                return f"{v / 2**20:+.1f} MiB"
+        else:
+            def f(v: float) -> str:
+                return f"{v * 100:+.2f} pts"
+        ci = f" (CI {f(self.ci[0])}..{f(self.ci[1])})" if self.ci else ""
+        if self.source == "kv_residue":
+            return (
+                f"idle KV residue {f(self.residue or 0.0)} at the last of {self.n_windows} probes, growing "
+                f"{f(self.growth_per_hour)}/h{ci}, fitted {f(self.projected or 0.0)} vs budget "
+                f"{f(self.budget)}: {self.status}"
+            )
+        return (
+            f"{self.source} grows {f(self.growth_per_hour)}/h{ci} over {self.n_windows} windows, "
+            f"{f(self.projected or 0.0)} in {self.horizon_hours:g}h vs budget {f(self.budget)}: {self.status}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ci"] = list(self.ci) if self.ci else None
+        return d
+
+
+def _num(v: Any) -> float | None:
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _source_value(window: Window, source: str) -> float | None:
+    if source == "device_memory":
+        return _num(((window.get("device") or {}).get("memory_used_bytes") or {}).get("min"))
+    if source == "target_gpu_memory":
+        return _num(((window.get("device") or {}).get("target_gpu_memory_bytes") or {}).get("min"))
+    if source == "target_rss":
+        return _num(((window.get("host") or {}).get("target_rss_bytes") or {}).get("min"))
+    if source == "kv_cache":
+        return _num(((window.get("server") or {}).get("kv_cache_usage_ratio") or {}).get("mean"))
+    raise KeyError(f"unknown leak source {source!r}; known: {LEAK_SOURCES}")
+
+
+def memory_series(windows: list[Window], source: str) -> list[tuple[float, float]]:
+    """``(mid-window unix time, comparable value)`` of a source over the full windows."""
+    out = []
+    for w in sorted(windows, key=lambda w: w.get("window", 0)):
+        if w.get("partial"):
+            continue
+        v = _source_value(w, source)
+        t = _num(w.get("start_unix"))
+        if v is None or t is None:
+            continue
+        out.append((t + (_num(w.get("duration_seconds")) or 0.0) / 2.0, v))
+    return out
+
+
+def _trend(
+    source: str, pts: list[tuple[float, float]], budget: float, unit: str, cfg: LeakConfig
+) -> LeakResult:
+    common = dict(source=source, budget=budget, unit=unit, horizon_hours=cfg.horizon_hours, n_windows=len(pts))
+    if not pts:
+        return LeakResult(status="no_data", growth_per_hour=None, ci=None, significant=False, projected=None,
+                          suspected=False, **common)  # fmt: skip
+    first, last = pts[0][1], pts[-1][1]
+    t0 = pts[0][0]
+    fit = theil_sen([(t - t0) / 3600.0 for t, _ in pts], [v for _, v in pts], cfg.confidence)
+    if len(pts) < cfg.min_windows or fit is None:
+        return LeakResult(
+            status="insufficient", growth_per_hour=fit[0] if fit else None, ci=(fit[1], fit[2]) if fit else None,
+            significant=False, projected=None, suspected=False, first=first, last=last, **common,
+        )  # fmt: skip
+    slope, lo, hi = fit
+    significant = lo > 0
+    projected = slope * cfg.horizon_hours
+    suspected = significant and projected > budget
+    return LeakResult(
+        status="suspected" if suspected else "ok", growth_per_hour=slope, ci=(lo, hi), significant=significant,
+        projected=projected, suspected=suspected, first=first, last=last, **common,
+    )  # fmt: skip
+
+
+def evaluate_memory(windows: list[Window], source: str, cfg: LeakConfig | None = None) -> LeakResult:
+    """Trend of one source over the run's full windows (see the module docstring)."""
+    cfg = cfg or LeakConfig()
+    unit = "ratio" if source == "kv_cache" else "bytes"
+    return _trend(source, memory_series(windows, source), cfg.budget_for(source), unit, cfg)
+
+
+def quiesce_probes(windows: list[Window], field: str = "kv_cache_usage_ratio") -> list[tuple[float, float]]:
+    """``(t_unix, idle value)`` of every window's quiesce probe that measured ``field``."""
+    out = []
+    for w in sorted(windows, key=lambda w: w.get("window", 0)):
+        q = w.get("quiesce") or {}
+        t, v = _num(q.get("t_unix")), _num(q.get(field))
+        if t is not None and v is not None:
+            out.append((t, v))
+    return out
+
+
+def kv_residue(probes: list[tuple[float, float]], cfg: LeakConfig | None = None) -> LeakResult:
+    """Idle KV residue across quiesce probes ``(t_seconds, idle KV usage ratio)``.
+
+    Residue = idle usage - the first idle usage. ``growth_per_hour`` is its Theil–Sen slope,
+    ``projected`` its fitted value at the last probe, ``residue`` the observed last one.
+    Suspected when the growth is significant and the fitted residue exceeds
+    ``kv_residue_budget_ratio``. Needs ``min_windows`` probes.
+    """
+    cfg = cfg or LeakConfig()
+    pts = sorted((float(t), float(v)) for t, v in probes if t is not None and v is not None)
+    budget = cfg.kv_residue_budget_ratio
+    common = dict(source="kv_residue", budget=budget, unit="ratio", horizon_hours=cfg.horizon_hours,
+                  n_windows=len(pts))  # fmt: skip
+    if not pts:
+        return LeakResult(status="no_data", growth_per_hour=None, ci=None, significant=False, projected=None,
+                          suspected=False, **common)  # fmt: skip
+    t0, r0 = pts[0]
+    xs = [(t - t0) / 3600.0 for t, _ in pts]
+    res = [v - r0 for _, v in pts]
+    fit = theil_sen(xs, res, cfg.confidence)
+    if len(pts) < cfg.min_windows or fit is None:
+        return LeakResult(
+            status="insufficient", growth_per_hour=fit[0] if fit else None, ci=(fit[1], fit[2]) if fit else None,
+            significant=False, projected=None, suspected=False, first=r0, last=pts[-1][1], residue=res[-1],
+            **common,
+        )  # fmt: skip
+    slope, lo, hi = fit
+    fitted_last = _intercept(xs, res, slope) + slope * xs[-1]
+    significant = lo > 0
+    suspected = significant and fitted_last > budget
+    return LeakResult(
+        status="suspected" if suspected else "ok", growth_per_hour=slope, ci=(lo, hi), significant=significant,
+        projected=fitted_last, suspected=suspected, first=r0, last=pts[-1][1], residue=res[-1], **common,
+    )  # fmt: skip
+
+
+def evaluate(windows: list[Window], cfg: LeakConfig | None = None) -> list[LeakResult]:
+    """Every source's trend, plus the idle KV residue from the windows' quiesce probes."""
+    cfg = cfg or LeakConfig()
+    out = [evaluate_memory(windows, s, cfg) for s in LEAK_SOURCES]
+    out.append(kv_residue(quiesce_probes(windows), cfg))
+    return out

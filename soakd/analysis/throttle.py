@@ -1,0 +1,164 @@
+"""Throttling: a performance-relevant clocks-event reason active for too much of a window.
+
+``device.throttle_share[reason]`` is the share (0–1) of the window's device samples in which
+NVML/DCGM reported that clocks-event reason. A reason among ``reasons`` (default: the five that
+cost performance — software power cap, hardware slowdown, software and hardware thermal
+slowdown, hardware power brake; not idle, application clocks, sync boost or display clock)
+active for more than ``max_share`` of the window is detected (``soakd_throttle_detected`` = 1).
+Each result carries the evidence: the window's mean SM clock and its drop against the baseline
+window's mean SM clock (or, without a baseline, against the window's ``sm_clock_max_hertz``,
+the device's maximum), the maximum GPU and memory temperature and the mean/max power.
+``diagnosis`` correlates detections with latency drift of the same window.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from soakd.samplers.reasons import CLOCKS_EVENT_REASON_NAMES
+
+__all__ = [
+    "PERFORMANCE_REASONS",
+    "POWER_REASONS",
+    "THERMAL_REASONS",
+    "ThrottleConfig",
+    "ThrottleResult",
+    "evaluate",
+]
+
+PERFORMANCE_REASONS: tuple[str, ...] = ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
+THERMAL_REASONS = frozenset({"sw_thermal", "hw_thermal", "hw_slowdown"})  # hw_slowdown: thermal or power
+POWER_REASONS = frozenset({"sw_power_cap", "hw_power_brake", "hw_slowdown"})
+
+Window = dict[str, Any]
+
+
+class ThrottleConfig(BaseModel):
+    """Throttle detection (``analysis.throttle``)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    max_share: float = Field(
+        0.1,
+        ge=0,
+        lt=1,
+        description="A reason active in more than this share of a window's device samples is throttling.",
+    )
+    reasons: list[str] = Field(
+        default_factory=lambda: list(PERFORMANCE_REASONS),
+        description="Clocks-event reasons that count as throttling (default: sw_power_cap, hw_slowdown, "
+        "sw_thermal, hw_thermal, hw_power_brake).",
+    )
+
+    @field_validator("reasons")
+    @classmethod
+    def _known(cls, v: list[str]) -> list[str]:
+        bad = [r for r in v if r not in CLOCKS_EVENT_REASON_NAMES]
+        if bad:
+            raise ValueError(f"unknown clocks-event reason(s) {bad}; known: {list(CLOCKS_EVENT_REASON_NAMES)}")
+        return v
+
+
+@dataclass(frozen=True)
+class ThrottleResult:
+    reason: str
+    share: float
+    detected: bool
+    max_share: float
+    sm_clock_mean: float | None
+    sm_clock_reference: float | None
+    sm_clock_reference_kind: Literal["baseline", "max"] | None
+    sm_clock_drop_ratio: float | None  # 1 - mean / reference: 0.12 = clock 12% lower
+    temperature_max: float | None
+    memory_temperature_max: float | None
+    power_mean: float | None
+    power_max: float | None
+    window: int | None = None
+
+    @property
+    def kind(self) -> Literal["thermal", "power"]:
+        """thermal for sw/hw_thermal; power for sw_power_cap/hw_power_brake; hw_slowdown (set by
+        either an over-temperature or the external power brake) counts as thermal."""
+        return "power" if self.reason in ("sw_power_cap", "hw_power_brake") else "thermal"
+
+    def message(self) -> str:
+        parts = [f"{self.reason} active {self.share * 100:.0f}% of window {self.window}"]
+        if self.sm_clock_mean is not None:
+            s = f"SM clock {self.sm_clock_mean / 1e6:.0f} MHz"
+            if self.sm_clock_drop_ratio is not None:
+                s += f" ({-self.sm_clock_drop_ratio * 100:+.1f}% vs {self.sm_clock_reference_kind})"
+            parts.append(s)
+        if self.temperature_max is not None:
+            parts.append(f"max {self.temperature_max:.0f} °C")
+        if self.power_mean is not None:
+            p = f"power {self.power_mean:.0f} W mean"
+            if self.power_max is not None:
+                p += f", {self.power_max:.0f} W max"
+            parts.append(p)
+        return ", ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _num(v: Any) -> float | None:
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def evaluate(window: Window, baseline: Window | None = None, cfg: ThrottleConfig | None = None) -> list[ThrottleResult]:
+    """One result per configured reason that the window's device data reports (detected or not).
+
+    Empty without device data. The SM-clock reference is the baseline window's mean SM clock when
+    a different baseline window has one, else the window's ``sm_clock_max_hertz``.
+    """
+    cfg = cfg or ThrottleConfig()
+    dev = window.get("device") or {}
+    shares = dev.get("throttle_share") or {}
+    if not shares:
+        return []
+    clock = dev.get("sm_clock_hertz") or {}
+    mean_clock = _num(clock.get("mean"))
+    ref, ref_kind = None, None
+    if baseline is not None and baseline is not window and baseline.get("window") != window.get("window"):
+        ref = _num(((baseline.get("device") or {}).get("sm_clock_hertz") or {}).get("mean"))
+        ref_kind = "baseline" if ref else None
+    if not ref:
+        ref = _num(dev.get("sm_clock_max_hertz"))
+        ref_kind = "max" if ref else None
+    drop = (1.0 - mean_clock / ref) if (mean_clock is not None and ref) else None
+    temp = dev.get("temperature_celsius") or {}
+    mtemp = dev.get("memory_temperature_celsius") or {}
+    power = dev.get("power_watts") or {}
+    out = []
+    for reason in cfg.reasons:
+        share = _num(shares.get(reason))
+        if share is None:
+            continue
+        out.append(
+            ThrottleResult(
+                reason=reason,
+                share=share,
+                detected=share > cfg.max_share,
+                max_share=cfg.max_share,
+                sm_clock_mean=mean_clock,
+                sm_clock_reference=ref,
+                sm_clock_reference_kind=ref_kind,
+                sm_clock_drop_ratio=drop,
+                temperature_max=_num(temp.get("max")),
+                memory_temperature_max=_num(mtemp.get("max")),
+                power_mean=_num(power.get("mean")),
+                power_max=_num(power.get("max")),
+                window=window.get("window"),
+            )
+        )
+    return out

@@ -1,0 +1,147 @@
+"""Each diagnosis rule of the troubleshooting table, on synthetic windows."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from soakd.analysis import drift, leak, throttle
+from soakd.analysis.diagnosis import DIAGNOSES, TROUBLESHOOTING, DiagnosisConfig, Finding, diagnose
+from test_analysis_support import make_window
+from test_analysis_throttle import device
+
+MIB = 2**20
+
+
+def _by(findings: list[Finding]) -> dict[str, Finding]:
+    return {f.diagnosis: f for f in findings}
+
+
+def test_latency_drift_with_thermal_throttling_is_throttling() -> None:
+    rng = random.Random(1)
+    base = make_window(0, rng, 3000, device=device({}, 1.95e9))
+    hot = make_window(4, rng, 3000, scale=1.2, device=device({"hw_thermal": 0.5}, 1.6e9, temp=91.0))
+    dr = drift.evaluate(hot, base, None)
+    th = throttle.evaluate(hot, base)
+    f = _by(diagnose(hot, dr, th))
+    t = f["throttling"]
+    assert t.kind == "throttle" and t.severity == "critical" and t.window == 4
+    assert "e2e_p95" in t.message and "hw_thermal" in t.message and "thermal" in t.message
+    assert "91" in t.message
+    assert {d["metric"] for d in t.evidence["drift"]} >= {"e2e_p50", "e2e_p95"}
+    # the latency drift is explained: no separate unexplained-drift finding for those metrics
+    assert "performance drift" not in f
+
+
+def test_throttling_without_latency_drift_is_a_warning() -> None:
+    rng = random.Random(2)
+    base = make_window(0, rng, 2000)
+    w = make_window(1, rng, 2000, device=device({"sw_power_cap": 0.3}, 1.9e9))
+    f = _by(diagnose(w, drift.evaluate(w, base, None), throttle.evaluate(w, base)))
+    assert f["throttling"].severity == "warning"
+    assert "without measurable latency drift" in f["throttling"].message
+
+
+def test_latency_drift_without_throttling_is_performance_drift() -> None:
+    rng = random.Random(3)
+    base = make_window(0, rng, 3000, device=device({}))
+    w = make_window(1, rng, 3000, scale=1.25, device=device({}))
+    f = _by(diagnose(w, drift.evaluate(w, base, None), throttle.evaluate(w, base)))
+    assert "throttling" not in f
+    assert f["performance drift"].kind == "drift" and "e2e_p50" in f["performance drift"].message
+
+
+def test_growing_idle_kv_residue_is_kv_cache_not_released() -> None:
+    probes = [(3600.0 * i, 0.02 + 0.015 * i) for i in range(8)]
+    res = leak.kv_residue(probes)
+    w = make_window(7, random.Random(4), 300)
+    f = _by(diagnose(w, kv_residue_result=res))
+    k = f["KV cache not released"]
+    assert k.kind == "leak" and k.severity == "critical" and "idle KV residue" in k.message
+    assert k.evidence["source"] == "kv_residue"
+    # passed twice (also among the leak results): reported once
+    assert len(diagnose(w, leak_results=[res], kv_residue_result=res)) == 1
+
+
+def test_device_memory_growth_is_memory_leak() -> None:
+    ws = [
+        {"window": i, "start_unix": 1.7e9 + 1800 * i, "duration_seconds": 1800.0, "partial": False,
+         "device": {"memory_used_bytes": {"min": 30e9 + 100 * MIB * 0.5 * i}}}
+        for i in range(10)
+    ]  # fmt: skip
+    res = leak.evaluate(ws)
+    f = _by(diagnose(make_window(9, random.Random(5), 300), leak_results=res))
+    assert f["memory leak"].kind == "leak" and "device_memory" in f["memory leak"].message
+    assert "KV cache not released" not in f
+
+
+def test_error_burst_with_target_down_is_target_restarted() -> None:
+    rng = random.Random(6)
+    w = make_window(3, rng, 1000, error_rate=0.05, error_outcome="connection_error", target_down_seconds=42.0)
+    f = _by(diagnose(w))
+    t = f["target restarted"]
+    assert t.kind == "target" and t.severity == "critical"
+    assert "42s" in t.message and "connection_error" in t.message
+    # the same errors with the target up are server errors, not a restart
+    w2 = make_window(4, rng, 1000, error_rate=0.05, error_outcome="connection_error")
+    f2 = _by(diagnose(w2))
+    assert "target restarted" not in f2 and f2["server errors"].kind == "errors"
+    # explicit target_down_seconds overrides the window's
+    assert "target restarted" in _by(diagnose(w2, target_down_seconds=5.0))
+
+
+def test_timeouts_are_overload() -> None:
+    rng = random.Random(7)
+    w = make_window(2, rng, 1000, error_rate=0.08, error_outcome="timeout",
+                    server={"requests_waiting": {"mean": 57.0, "max": 180.0}})  # fmt: skip
+    o = _by(diagnose(w))["overload"]
+    assert o.kind == "errors" and o.severity == "critical" and "queue mean 57.0" in o.message
+    few = make_window(3, rng, 1000, error_rate=0.002, error_outcome="timeout")
+    assert "overload" not in _by(diagnose(few))
+
+
+def test_invalid_responses_are_garbled_output() -> None:
+    rng = random.Random(8)
+    w = make_window(1, rng, 1000, error_rate=0.003, error_outcome="invalid_response")
+    g = _by(diagnose(w))["garbled output"]
+    assert g.kind == "errors" and g.severity == "warning"
+    w = make_window(1, rng, 1000, error_rate=0.05, error_outcome="invalid_response")
+    assert _by(diagnose(w))["garbled output"].severity == "critical"
+
+
+def test_long_context_rising_faster_than_short_chat_is_bandwidth_or_cache_pressure() -> None:
+    rng = random.Random(9)
+    mix = {"short_chat": {"n": 3000}, "long_context": {"n": 3000, "scale": 5.0}}
+    base = make_window(0, rng, scenarios=mix)
+    slow_long = {"short_chat": {"n": 3000, "scale": 1.02}, "long_context": {"n": 3000, "scale": 5.0 * 1.3}}
+    w = make_window(1, rng, scenarios=slow_long)
+    f = _by(diagnose(w, drift.evaluate(w, base, None), baseline=base))
+    b = f["bandwidth or cache pressure"]
+    assert b.kind == "drift" and "long_context" in b.message and "short_chat" in b.message
+    assert any(c["metric"] == "e2e_p95" for c in b.evidence["comparisons"])
+    # a uniform slow-down of both scenarios is not
+    both = {"short_chat": {"n": 3000, "scale": 1.3}, "long_context": {"n": 3000, "scale": 5.0 * 1.3}}
+    w2 = make_window(2, rng, scenarios=both)
+    assert "bandwidth or cache pressure" not in _by(diagnose(w2, baseline=base))
+    # no baseline, or scenario names that are not there: the rule stays silent
+    assert "bandwidth or cache pressure" not in _by(diagnose(w))
+    cfg = DiagnosisConfig(long_scenario="rag")
+    assert "bandwidth or cache pressure" not in _by(diagnose(w, baseline=base, cfg=cfg))
+
+
+def test_quiet_window_has_no_findings() -> None:
+    rng = random.Random(10)
+    base = make_window(0, rng, 2000, device=device({}))
+    w = make_window(1, rng, 2000, device=device({}))
+    assert diagnose(w, drift.evaluate(w, base, None), throttle.evaluate(w, base), baseline=base) == []
+
+
+def test_table_and_finding_dict() -> None:
+    for d in ("throttling", "KV cache not released", "target restarted", "bandwidth or cache pressure",
+              "garbled output", "overload", "memory leak"):  # fmt: skip
+        assert d in DIAGNOSES and all(TROUBLESHOOTING[d])
+    f = Finding(kind="errors", diagnosis="overload", severity="warning", message="m", evidence={"a": 1}, window=1)
+    assert f.to_dict()["evidence"] == {"a": 1}
+    with pytest.raises(AttributeError):
+        f.kind = "drift"  # type: ignore[misc]

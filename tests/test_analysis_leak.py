@@ -1,0 +1,174 @@
+"""Theil–Sen with Sen's interval, memory-growth verdicts and the idle KV residue."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from pydantic import ValidationError
+
+from soakd.analysis.leak import (
+    GIB,
+    LeakConfig,
+    evaluate,
+    evaluate_memory,
+    kv_residue,
+    memory_series,
+    quiesce_probes,
+    theil_sen,
+)
+
+MIB = 2**20
+
+
+def test_theil_sen_exact_on_a_line() -> None:
+    xs = [0.5 * i for i in range(12)]
+    ys = [3.0 * x - 7.0 for x in xs]
+    slope, lo, hi = theil_sen(xs, ys)
+    assert slope == pytest.approx(3.0)
+    assert lo == pytest.approx(3.0) and hi == pytest.approx(3.0)
+
+
+def test_theil_sen_robust_to_outliers() -> None:
+    rng = random.Random(1)
+    xs = list(range(30))
+    ys = [2.0 * x + rng.gauss(0, 0.5) for x in xs]
+    for i in rng.sample(range(30), 7):  # 23% wild outliers
+        ys[i] += rng.choice([-1, 1]) * 500.0
+    slope, lo, hi = theil_sen(xs, ys)
+    assert slope == pytest.approx(2.0, abs=0.3)
+    assert lo < 2.0 < hi
+    # least squares would be dragged far away by the same outliers
+    mx, my = sum(xs) / 30, sum(ys) / 30
+    ols = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    assert abs(ols - 2.0) > abs(slope - 2.0)
+
+
+def test_theil_sen_interval_covers() -> None:
+    rng = random.Random(2)
+    trials, covered = 300, 0
+    for _ in range(trials):
+        xs = [i + rng.uniform(-0.2, 0.2) for i in range(15)]
+        ys = [0.7 * x + rng.gauss(0, 1.0) for x in xs]
+        _, lo, hi = theil_sen(xs, ys)
+        covered += lo <= 0.7 <= hi
+    assert covered / trials >= 0.92
+
+
+def test_theil_sen_ties_few_points_and_subsampling() -> None:
+    assert theil_sen([0, 1, 2, 3, 4, 5], [5.0] * 6) == (0.0, 0.0, 0.0)
+    assert theil_sen([1.0], [1.0]) is None
+    assert theil_sen([1.0, 1.0], [1.0, 2.0]) is None  # no distinct x
+    slope, lo, hi = theil_sen([0, 1, 2, 3], [0.0, 1.1, 1.9, 3.2])
+    assert lo == -math.inf and hi == math.inf  # 4 points: no finite 95% bounds
+    _, lo6, hi6 = theil_sen(range(6), [0.0, 1.1, 1.9, 3.2, 4.1, 4.9])
+    assert math.isfinite(lo6) and math.isfinite(hi6)
+    n = 2000  # beyond 500 points: evenly subsampled, still exact on a line
+    slope, lo, hi = theil_sen(range(n), [0.25 * i + 1 for i in range(n)])
+    assert slope == pytest.approx(0.25) and lo == pytest.approx(0.25)
+
+
+def _mem_windows(per_hour: float, n: int, noise: float, seed: int, *, field: str = "memory_used_bytes",
+                 section: str = "device", base: float = 40 * GIB, stat: str = "min") -> list[dict]:  # fmt: skip
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        v = base + per_hour * 0.5 * i + rng.gauss(0, noise)
+        out.append({
+            "window": i, "start_unix": 1_700_000_000.0 + 1800 * i, "duration_seconds": 1800.0, "partial": False,
+            section: {field: {stat: v, "max": v + 2 * GIB, "mean": v + GIB}},
+        })  # fmt: skip
+    return out
+
+
+def test_slow_linear_growth_projecting_beyond_budget_is_suspected() -> None:
+    ws = _mem_windows(60 * MIB, 12, 8 * MIB, seed=3)  # 60 MiB/h -> 1.4 GiB per 24 h > 1 GiB
+    r = evaluate_memory(ws, "device_memory")
+    assert r.status == "suspected" and r.suspected and r.significant
+    assert r.growth_per_hour == pytest.approx(60 * MIB, rel=0.25)
+    assert r.ci[0] > 0 and r.projected > GIB
+    assert r.n_windows == 12 and r.unit == "bytes"
+    assert "MiB" in r.message() and "suspected" in r.message()
+
+
+def test_significant_but_small_growth_is_not_suspected() -> None:
+    ws = _mem_windows(10 * MIB, 12, 1 * MIB, seed=4)  # 240 MiB a day: real, within budget
+    r = evaluate_memory(ws, "device_memory")
+    assert r.significant and not r.suspected and r.status == "ok"
+
+
+def test_flat_with_noise_is_not_suspected() -> None:
+    ws = _mem_windows(0.0, 24, 50 * MIB, seed=5)
+    r = evaluate_memory(ws, "device_memory")
+    assert r.status == "ok" and not r.suspected
+    assert r.ci[0] <= 0 <= r.ci[1]
+
+
+def test_few_windows_are_insufficient_and_missing_is_no_data() -> None:
+    ws = _mem_windows(500 * MIB, 4, 1 * MIB, seed=6)
+    r = evaluate_memory(ws, "device_memory")
+    assert r.status == "insufficient" and not r.suspected and r.n_windows == 4
+    assert evaluate_memory(ws, "target_rss").status == "no_data"
+
+
+def test_partial_windows_are_left_out_and_other_sources() -> None:
+    ws = _mem_windows(100 * MIB, 10, 1 * MIB, seed=7, field="target_rss_bytes", section="host")
+    ws[-1]["partial"] = True
+    assert len(memory_series(ws, "target_rss")) == 9
+    assert evaluate_memory(ws, "target_rss").suspected
+    gpu = _mem_windows(100 * MIB, 10, 1 * MIB, seed=8, field="target_gpu_memory_bytes")
+    assert evaluate_memory(gpu, "target_gpu_memory").suspected
+    kv = _mem_windows(0.01, 12, 0.002, seed=9, field="kv_cache_usage_ratio", section="server", base=0.4,
+                      stat="mean")  # fmt: skip
+    r = evaluate_memory(kv, "kv_cache")  # +0.01/h -> 0.24 per day > 0.1
+    assert r.suspected and r.unit == "ratio"
+    with pytest.raises(KeyError):
+        evaluate_memory(ws, "swap")
+
+
+def test_kv_residue_growing_from_probe_to_probe() -> None:
+    rng = random.Random(10)
+    probes = [(3600.0 * i, 0.02 + 0.012 * i + rng.gauss(0, 0.002)) for i in range(8)]
+    r = kv_residue(probes)
+    assert r.source == "kv_residue" and r.suspected
+    assert r.residue == pytest.approx(probes[-1][1] - probes[0][1])
+    assert r.projected > 0.05
+    assert r.growth_per_hour == pytest.approx(0.012, rel=0.3)
+    assert "idle KV residue" in r.message()
+
+
+def test_kv_residue_returning_to_first_idle_value_or_small() -> None:
+    rng = random.Random(11)
+    flat = [(3600.0 * i, 0.02 + abs(rng.gauss(0, 0.003))) for i in range(10)]
+    assert not kv_residue(flat).suspected
+    small = [(3600.0 * i, 0.02 + 0.002 * i) for i in range(8)]  # grows, but 1.4 points < 5
+    r = kv_residue(small)
+    assert r.significant and not r.suspected
+    assert kv_residue(small[:3]).status == "insufficient"
+    assert kv_residue([]).status == "no_data"
+
+
+def test_quiesce_probes_and_evaluate_all() -> None:
+    ws = _mem_windows(0.0, 8, 1 * MIB, seed=12)
+    for i, w in enumerate(ws):
+        w["quiesce"] = {"t_unix": w["start_unix"] + 1700, "kv_cache_usage_ratio": 0.01 + 0.015 * i,
+                        "memory_used_bytes": None}  # fmt: skip
+    ws[3]["quiesce"] = None
+    assert len(quiesce_probes(ws)) == 7
+    res = {r.source: r for r in evaluate(ws)}
+    assert set(res) == {"device_memory", "target_gpu_memory", "target_rss", "kv_cache", "kv_residue"}
+    assert res["kv_residue"].suspected and not res["device_memory"].suspected
+
+
+def test_leak_config() -> None:
+    cfg = LeakConfig(device_memory_budget_bytes="512MiB", target_rss_budget_bytes="2GB")
+    assert cfg.device_memory_budget_bytes == 512 * MIB
+    assert cfg.target_rss_budget_bytes == 2e9
+    assert cfg.budget_for("kv_residue") == 0.05
+    with pytest.raises(ValidationError):
+        LeakConfig(device_memory_budget_bytes="lots")
+    with pytest.raises(ValidationError):
+        LeakConfig(budget=1)
+    for name, f in LeakConfig.model_fields.items():
+        assert f.description, name
