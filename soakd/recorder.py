@@ -6,8 +6,10 @@ updates, two or three histogram bisects and the sketch adds.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
+from itertools import pairwise
 from collections.abc import Callable
 from typing import Any
 
@@ -54,6 +56,13 @@ class Recorder:
         self._last_closed_index = -2
         self.prompt_token_error: list[float] = []  # (server prompt tokens / expected) - 1, bounded sample
         self._calib_n = 0
+        self._hists: dict[str, tuple[Any, ...]] = {}  # scenario -> (e2e, ttft, itl histogram children, (scenario,))
+        # Debug hook for benchmarks/client_capacity.py: SOAKD_TRACE_FILE=path appends one line per
+        # finished request (request id, send / first token / end perf_counter_ns, outcome). Off: one
+        # attribute test per request.
+        path = os.environ.get("SOAKD_TRACE_FILE")
+        self._trace: list[str] | None = [] if path else None
+        self._trace_path = path
 
     # ---- request lifecycle
     def window_for(self, index: int, now: float) -> WindowStats:
@@ -75,41 +84,48 @@ class Recorder:
 
     def finished(self, rec: RequestRecord) -> None:
         m = self.metrics
+        if self._trace is not None:
+            self._trace_record(rec)
         self.in_flight -= 1
         m.in_flight.value = self.in_flight
         self.finished_count += 1
         outcome = rec.outcome
-        self.outcomes[outcome.value] += 1
+        ov = outcome.value
+        self.outcomes[ov] += 1
         if outcome is Outcome.CONNECTION_ERROR or (outcome is Outcome.TIMEOUT and not rec.http_status):
             self.set_target_up(False)
-        elif rec.http_status:
+        elif rec.http_status and m.target_up.value != 1.0:
             self.set_target_up(True)
         if outcome is not Outcome.OK and outcome is not Outcome.CANCELLED:
-            self.last_error = f"{rec.scenario}: {outcome.value}/{rec.reason} {rec.error}"[:300]
+            self.last_error = f"{rec.scenario}: {ov}/{rec.reason} {rec.error}"[:300]
         w = self.windows.get(rec.window)
         if rec.warmup:
-            m.warmup_requests.inc((outcome.value,))
+            m.warmup_requests.inc((ov,))
             if w is not None:
                 w.in_flight -= 1
             return
         self.measured += 1
         sc = rec.scenario
-        m.requests.inc((sc, outcome.value))
+        m.requests.inc((sc, ov))
         gaps = None
         if outcome is Outcome.OK:
-            m.e2e.child(sc).observe((rec.t_end_ns - rec.t_start_ns) / 1e9)
+            hists = self._hists.get(sc)
+            if hists is None:
+                hists = self._hists[sc] = (m.e2e.child(sc), m.ttft.child(sc), m.itl.child(sc), (sc,))
+            e2e, ttft, itl, key = hists
+            e2e.observe((rec.t_end_ns - rec.t_start_ns) / 1e9)
             times = rec.token_times_ns
             if rec.stream and times:
-                m.ttft.child(sc).observe((times[0] - rec.t_start_ns) / 1e9)
+                ttft.observe((times[0] - rec.t_start_ns) / 1e9)
                 if len(times) > 1:
-                    gaps = [(times[i] - times[i - 1]) / 1e9 for i in range(1, len(times))]
-                    m.itl.child(sc).observe_many(gaps)
-            m.prompt_tokens.inc((sc,), rec.prompt_tokens)
-            m.completion_tokens.inc((sc,), rec.completion_tokens)
+                    gaps = [(b - a) / 1e9 for a, b in pairwise(times)]
+                    itl.observe_many(gaps)
+            m.prompt_tokens.inc(key, rec.prompt_tokens)
+            m.completion_tokens.inc(key, rec.completion_tokens)
             self.prompt_tokens += rec.prompt_tokens
             self.completion_tokens += rec.completion_tokens
             if not rec.usage_from_server:
-                m.usage_missing.inc((sc,))
+                m.usage_missing.inc(key)
             elif rec.expected_prompt_tokens and self._calib_n < 4096:
                 self._calib_n += 1
                 self.prompt_token_error.append(rec.prompt_tokens / rec.expected_prompt_tokens - 1.0)
@@ -122,6 +138,22 @@ class Recorder:
             w.late_records += 1
             return
         w.add(rec, gaps)
+
+    def _trace_record(self, rec: RequestRecord) -> None:
+        t = rec.token_times_ns
+        self._trace.append(f"{rec.request_id or '-'} {rec.t_start_ns} {t[0] if t else 0} {rec.t_end_ns} "  # type: ignore[union-attr]
+                           f"{rec.outcome.value} {rec.scenario}\n")
+        if len(self._trace) >= 4096:  # type: ignore[arg-type]
+            self.flush_trace()
+
+    def flush_trace(self) -> None:
+        if self._trace and self._trace_path:
+            try:
+                with open(self._trace_path, "a", encoding="utf-8") as fh:
+                    fh.writelines(self._trace)
+            except OSError:
+                pass
+            self._trace.clear()
 
     def set_target_up(self, up: bool) -> None:
         v = 1.0 if up else 0.0
@@ -167,6 +199,8 @@ class Recorder:
         warm = self.windows.get(-1)
         if warm is not None and (final or now >= tl.first_window_start) and warm.in_flight <= 0:
             del self.windows[-1]
+        if final and self._trace is not None:
+            self.flush_trace()
         return out
 
     def current(self, now: float) -> WindowStats | None:

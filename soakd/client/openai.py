@@ -3,19 +3,32 @@ after marking the record cancelled).
 
 Transport and parsing are split: bytes go through the incremental SSE decoder, each complete
 event is parsed as JSON on its own. Every timestamp is ``perf_counter_ns`` taken when the chunk
-that completed an event arrived. The first event carrying content is the first token; each later
-content event is one inter-token gap (servers that pack several tokens into one event, as vLLM
-does under speculative decoding, show it as fewer, longer gaps — as in ``vllm bench serve``).
+that completed an event arrived: connections note when bytes came off the socket
+(``StampedResponseHandler``), so a busy event loop delays the bookkeeping, not the timestamps
+(benchmarks/client_capacity.py measures both against a server's own write times). The first
+event carrying content is the first token; each later content event is one inter-token gap
+(servers that pack several tokens into one event, as vLLM does under speculative decoding, show
+it as fewer, longer gaps — as in ``vllm bench serve``).
+
+The hot path is lean on purpose (the same benchmark holds it to its targets): one timer per
+request (``_Deadline``), a one-split SSE path for well-formed streams, the C JSON scanner and
+encoder without their per-call Python wrappers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import json.encoder
+import json.scanner
 import time
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+from aiohttp.client_proto import ResponseHandler
+from yarl import URL
 
 from soakd.client.records import Outcome, RequestRecord
 from soakd.client.sse import SSEDecoder
@@ -26,19 +39,131 @@ _perf_ns = time.perf_counter_ns
 _loads = json.loads
 
 
-class _Phase:
-    """Where a request is, for naming the timeout that hit it."""
+def _make_dumps() -> Callable[[Any], str]:
+    """``json.dumps(obj, separators=(",", ":"))`` for request bodies, through one C encoder built
+    once (``json.dumps`` builds one, and a circular-reference table, per call). Checked against
+    ``json.dumps`` at import; falls back to it where the C encoder is missing or differs."""
+    slow = json.JSONEncoder(separators=(",", ":")).encode
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return slow
+    try:
+        enc = make(None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii, None, ":", ",",
+                   False, False, True)
+        sample = {"model": "m", "messages": [{"role": "user", "content": "h\u00e9 \"x\"\n"}], "max_tokens": 16,
+                  "temperature": 0.7, "stream": True, "stream_options": {"include_usage": True}, "n": None}
+        if "".join(enc(sample, 0)) != slow(sample):
+            return slow
+    except Exception:  # noqa: BLE001 - any surprise: the documented path
+        return slow
+    return lambda obj: "".join(enc(obj, 0))
 
-    __slots__ = ("phase", "total_at", "cm")
 
-    def __init__(self, total_at: float) -> None:
-        self.phase = "first_token"
-        self.total_at = total_at
-        self.cm: Any = None
+_dumps = _make_dumps()
+_scan = json.scanner.make_scanner(json.JSONDecoder())  # the C scanner behind json.loads
+
+
+def parse_event(data: bytes) -> Any:
+    """``json.loads(data)`` for one SSE event, without its Python-level wrappers in the common case
+    (valid UTF-8, a value from the first byte to the last). Anything else goes through
+    ``json.loads`` itself: same result, same exceptions (ValueError, UnicodeDecodeError)."""
+    try:
+        text = data.decode()
+        obj, end = _scan(text, 0)
+        if end == len(text):
+            return obj
+    except (ValueError, StopIteration):
+        pass
+    return _loads(data)
+
+
+class StampedResponseHandler(ResponseHandler):
+    """aiohttp's connection protocol, noting when bytes last came off the socket.
+
+    Event times are then the arrival of the data that completed the event, not the moment the
+    request's task next ran: on a busy loop the latter is later by the work of every callback
+    ahead of it (other requests' parsing and sending), which is the load generator's noise."""
+
+    __slots__ = ("rx_ns",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rx_ns = 0
+
+    def data_received(self, data: bytes) -> None:
+        if data:  # aiohttp calls it with b"" itself when it resumes reading
+            self.rx_ns = _perf_ns()
+        super().data_received(data)
+
+
+class _Deadline:
+    """One request's timeout, as ``asyncio.timeout_at`` but cheap to move.
+
+    ``when`` (loop time) is the deadline: the first-token deadline, then, once events flow, the
+    idle deadline after the latest one, capped by the total. Once streaming it only moves later,
+    so moving it is a store; the one armed timer, when it fires before ``when``, re-arms for
+    it. It is armed no later than any deadline the request can get (``t0 + min(first, idle)``),
+    so the first event never needs an earlier timer, except after a first-token wait longer
+    than ``idle`` (``streaming()`` re-arms then). One timer per request instead of one per move.
+    """
+
+    __slots__ = ("loop", "when", "armed", "total_at", "idle_s", "handle", "task", "expired", "phase", "_cancelling")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, t0: float, first_s: float, idle_s: float,
+                 total_s: float) -> None:
+        self.loop = loop
+        self.total_at = t0 + total_s
+        self.idle_s = idle_s
+        self.when = min(self.total_at, t0 + first_s)
+        self.armed = min(self.when, t0 + idle_s)
+        self.handle: asyncio.TimerHandle | None = None
+        self.task: asyncio.Task[Any] | None = None
+        self.expired = False
+        self.phase = "first_token"  # for naming the timeout that hit: first_token, idle (total: see execute)
+        self._cancelling = 0
+
+    def __enter__(self) -> "_Deadline":
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("a request deadline must be used inside a task")
+        self.task = task
+        self._cancelling = task.cancelling()
+        self.handle = self.loop.call_at(self.armed, self._fire)
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+        if self.expired:  # as asyncio.Timeout: take back our cancel; only ours becomes TimeoutError
+            assert self.task is not None
+            if self.task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
+                raise TimeoutError from exc
+
+    def streaming(self, lt: float) -> None:
+        """The first event came at loop time ``lt``: from now on the idle deadline."""
+        self.phase = "idle"
+        when = min(self.total_at, lt + self.idle_s)
+        self.when = when
+        if when < self.armed and self.handle is not None:
+            self.handle.cancel()
+            self.armed = when
+            self.handle = self.loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self.handle = None
+        when = self.when
+        if self.loop.time() < when - 0.001:  # moved later since armed: wait for the rest
+            self.armed = when
+            self.handle = self.loop.call_at(when, self._fire)
+            return
+        self.expired = True
+        assert self.task is not None
+        self.task.cancel()
 
 
 def build_connector(target: TargetConfig, limit: int) -> aiohttp.TCPConnector:
-    return aiohttp.TCPConnector(
+    conn = aiohttp.TCPConnector(
         limit=target.max_connections or max(limit, 1),
         limit_per_host=0,
         force_close=not target.keep_alive,
@@ -46,6 +171,12 @@ def build_connector(target: TargetConfig, limit: int) -> aiohttp.TCPConnector:
         ttl_dns_cache=300,
         keepalive_timeout=30.0 if target.keep_alive else None,
     )
+    # connections get the stamping protocol (aiohttp builds them with ``_factory``, a partial of
+    # ResponseHandler; when a future aiohttp does otherwise, events are stamped when read instead)
+    factory = getattr(conn, "_factory", None)
+    if isinstance(factory, functools.partial) and factory.func is ResponseHandler:
+        conn._factory = functools.partial(StampedResponseHandler, *factory.args, **factory.keywords)  # noqa: SLF001
+    return conn
 
 
 class OpenAIClient:
@@ -54,6 +185,8 @@ class OpenAIClient:
     def __init__(self, target: TargetConfig, api_key: str | None = None, pool_size: int = 64) -> None:
         self.target = target
         self.base = target.url.rstrip("/")
+        self._chat_url = URL(self.base + "/chat/completions")  # parsed once, not per request
+        self._completions_url = URL(self.base + "/completions")
         self.validation = target.validation
         self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json"}
         self.headers.update(target.headers)
@@ -102,39 +235,40 @@ class OpenAIClient:
         structure_check: str = "none",
     ) -> RequestRecord:
         """Send ``body`` to the record's endpoint and fill ``rec`` in place."""
-        path = "/chat/completions" if rec.endpoint == "chat" else "/completions"
-        payload = json.dumps(body, separators=(",", ":")).encode()
+        url = self._chat_url if rec.endpoint == "chat" else self._completions_url
+        payload = _dumps(body).encode()
         loop = asyncio.get_running_loop()
         rec.wall_start = time.time()
         rec.t_start_ns = _perf_ns()
-        t0 = loop.time()
-        state = _Phase(t0 + self._total_s)
-        # One asyncio.timeout per request, moved as the request progresses:
-        # first-token deadline, then idle deadline after each event, capped by the total.
+        # One timer per request: first-token deadline, then idle deadline after each event,
+        # capped by the total (see _Deadline).
+        dl = _Deadline(loop, loop.time(), self._first_s, self._idle_s, self._total_s)
         try:
-            async with asyncio.timeout(min(state.total_at, t0 + self._first_s)) as cm:
-                state.cm = cm
-                async with self.session.post(self.base + path, data=payload) as resp:
+            with dl:
+                async with self.session.post(url, data=payload) as resp:
                     rec.http_status = resp.status
-                    rec.t_headers_ns = _perf_ns()
+                    conn = resp.connection
+                    proto = conn.protocol if conn is not None else None
+                    rx = proto if type(proto) is StampedResponseHandler and proto.rx_ns else None
+                    rec.t_headers_ns = rx.rx_ns if rx is not None else _perf_ns()
                     if resp.status != 200:
                         raw = await resp.read()
                         rec.t_end_ns = _perf_ns()
                         rec.fail(Outcome.HTTP_ERROR, f"http_{resp.status}", _error_message(raw))
                         return rec
                     if rec.stream and "text/event-stream" in resp.headers.get("Content-Type", ""):
-                        await self._read_stream(rec, resp, state, loop)
+                        await self._read_stream(rec, resp, dl, loop, rx)
                     else:
                         raw = await resp.read()
                         rec.t_end_ns = _perf_ns()
                         self._parse_body(rec, raw)
         except TimeoutError:
             rec.t_end_ns = _perf_ns()
-            if not rec.http_status and state.phase == "first_token":
+            if not rec.http_status and dl.phase == "first_token":
                 phase = "response"
             else:
-                phase = state.phase
-            if loop.time() >= state.total_at - 0.001:
+                phase = dl.phase
+            if loop.time() >= dl.total_at - 0.001:
                 phase = "total"
             rec.fail(Outcome.TIMEOUT, f"{phase}_timeout")
             return rec
@@ -167,9 +301,17 @@ class OpenAIClient:
                 rec.fail(Outcome.INVALID_RESPONSE, reason)
         return rec
 
-    async def _read_stream(self, rec: RequestRecord, resp: aiohttp.ClientResponse, state: "_Phase", loop) -> None:  # noqa: ANN001
+    async def _read_stream(
+        self,
+        rec: RequestRecord,
+        resp: aiohttp.ClientResponse,
+        dl: _Deadline,
+        loop: asyncio.AbstractEventLoop,
+        rx: StampedResponseHandler | None,
+    ) -> None:
         decoder = SSEDecoder()
-        feed = decoder.feed
+        feed = decoder.feed_data
+        parse = parse_event
         times = rec.token_times_ns
         parts: list[str] = []
         chat = rec.endpoint == "chat"
@@ -177,29 +319,26 @@ class OpenAIClient:
         finish = None
         usage = None
         idle_s = self._idle_s
-        total_at = state.total_at
-        cm = state.cm
-        next_move = 0.0
+        total_at = dl.total_at
+        ltime = loop.time
         readany = resp.content.readany
         now = rec.t_headers_ns
         while not done:
             chunk = await readany()
-            now = _perf_ns()
+            # when the bytes that complete these events came off the socket (see StampedResponseHandler)
+            now = rx.rx_ns if rx is not None else _perf_ns()
             if not chunk:
+                now = _perf_ns()
                 break
             if times:
-                # the idle deadline follows the stream; moved at most every 10 ms (cheap)
-                lt = loop.time()
-                if lt >= next_move:
-                    cm.reschedule(min(total_at, lt + idle_s))
-                    next_move = lt + 0.01
-            for ev in feed(chunk):
-                data = ev.data
+                # the idle deadline follows the stream (a store; the timer catches up lazily)
+                dl.when = min(total_at, ltime() + idle_s)
+            for data in feed(chunk):
                 if data == b"[DONE]":
                     done = True
                     break
                 try:
-                    obj = _loads(data)
+                    obj = parse(data)
                 except ValueError as exc:
                     rec.t_end_ns = now
                     reason = "invalid_utf8" if isinstance(exc, UnicodeDecodeError) else "malformed_chunk"
@@ -219,10 +358,8 @@ class OpenAIClient:
                         piece = c0.get("text")
                     if piece:
                         if not times:
-                            state.phase = "idle"
-                            lt = loop.time()
-                            cm.reschedule(min(total_at, lt + idle_s))
-                            next_move = lt + 0.01
+                            rec.request_id = obj.get("id") or ""
+                            dl.streaming(ltime())
                         times.append(now)
                         parts.append(piece)
                     fr = c0.get("finish_reason")

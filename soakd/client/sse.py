@@ -43,8 +43,10 @@ class SSEDecoder:
         events: list[SSEEvent] = []
         for line in lines:
             if not line:
-                if self._data or self._event:
+                if self._data:
                     events.append(self._dispatch())
+                else:  # no data: nothing is dispatched (WHATWG), the event type is reset
+                    self._event = ""
                 continue
             if line[0] == 58:  # ':' comment / keep-alive
                 continue
@@ -59,6 +61,34 @@ class SSEDecoder:
                 self._id = value.decode("utf-8", "replace")
             # "retry" and unknown fields are ignored, as the spec says
         return events
+
+    def feed_data(self, chunk: bytes) -> list[bytes]:
+        """``feed``, returning only each event's data (the streaming client's hot path).
+
+        A chunk of whole single-line ``data:`` events separated by blank lines, with no carried
+        state and no ``\r`` (what OpenAI-compatible servers send) is split at its blank lines
+        directly; every other block, and any incomplete tail, goes through ``feed``. The result
+        is the data of the events ``feed`` would return, in the same order."""
+        if self._buf or self._data or self._event or b"\r" in chunk:
+            return [ev.data for ev in self.feed(chunk)]
+        if chunk.startswith(b"data: ") and chunk.endswith(b"\n\n"):
+            # "data: <p1>\n\ndata: <p2>\n\n...": split once; the newline count proves that no
+            # payload holds a line break of its own (each event is exactly one data line)
+            parts = chunk[6:-2].split(b"\n\ndata: ")
+            if chunk.count(b"\n") == 2 * len(parts):
+                return parts
+        blocks = chunk.split(b"\n\n")
+        rest = blocks.pop()
+        out: list[bytes] = []
+        for block in blocks:
+            # between two blank lines with nothing carried: one event's lines
+            if block.startswith(b"data: ") and b"\n" not in block:
+                out.append(block[6:])
+            else:  # several fields, comments, empty: the full rules (the blank line ends it)
+                out.extend([ev.data for ev in self.feed(block + b"\n\n")])
+        if rest:
+            out.extend([ev.data for ev in self.feed(rest)])
+        return out
 
     def _dispatch(self) -> SSEEvent:
         data = self._data[0] if len(self._data) == 1 else b"\n".join(self._data)

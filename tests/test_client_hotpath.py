@@ -1,0 +1,192 @@
+"""The streaming client's fast paths are exact: each one against the plain code it replaces.
+
+- ``SSEDecoder.feed_data`` returns the data of the events ``feed`` returns, for every split;
+- ``parse_event`` is ``json.loads``: same value, same exception type;
+- the request-body encoder is ``json.dumps(body, separators=(",", ":"))``;
+- the per-request deadline arms one timer no later than any deadline, moves later lazily and
+  earlier at once (driven by a fake clock: no real time involved);
+- connections stamp the arrival of bytes (``StampedResponseHandler``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from typing import Any
+
+import pytest
+
+from soakd.client import openai as oc
+from soakd.client.records import Outcome, RequestRecord
+from soakd.client.sse import SSEDecoder
+from soakd.config import TargetConfig
+
+pytestmark = pytest.mark.timeout(60)
+
+
+# ---- SSE -------------------------------------------------------------------------------------
+
+def _event(i: int) -> bytes:
+    return b"data: " + json.dumps({"choices": [{"delta": {"content": "t\u00e9" * i}}]}, ensure_ascii=False).encode()
+
+
+STREAMS = {
+    "openai": b"".join(_event(i) + b"\n\n" for i in range(6)) + b"data: [DONE]\n\n",
+    "mixed": (b"data: a\n\n\n\ndata:b\n\n: keep-alive\n\nevent: x\n\ndata\n\ndata:  sp\n\n"
+              b"id: 4\ndata: q\ndata: r\n\n\ndata: \n\nevent: e\ndata: z\n\ndata: tail"),
+    "crlf": b"data: a\r\n\r\ndata: b\r\n\r\n",
+}
+
+
+def _decode(chunks: list[bytes], fast: bool) -> list[bytes]:
+    dec = SSEDecoder()
+    out: list[bytes] = []
+    for c in chunks:
+        out.extend(dec.feed_data(c) if fast else [ev.data for ev in dec.feed(c)])
+    out.extend(ev.data for ev in dec.close())
+    return out
+
+
+@pytest.mark.parametrize("name", list(STREAMS))
+def test_feed_data_is_feed_for_every_two_cut_split(name: str) -> None:
+    data = STREAMS[name]
+    for i, j in itertools.combinations(range(len(data) + 1), 2):
+        chunks = [data[:i], data[i:j], data[j:]]
+        assert _decode(chunks, True) == _decode(chunks, False), (i, j)
+
+
+def test_feed_data_whole_openai_stream() -> None:
+    assert SSEDecoder().feed_data(STREAMS["openai"])[-1] == b"[DONE]"
+    assert SSEDecoder().feed_data(b"data: a\n\ndata: b\nc\n\n") == [b"a", b"b"]  # 'c': an unknown field, ignored
+
+
+# ---- JSON ------------------------------------------------------------------------------------
+
+GOOD = [b'{"a": 1}', b'{"choices":[{"delta":{"content":"\\u00e9\xc3\xa9"}}]}', b"[1, 2]", b'"s"', b"3.5",
+        b"null", b" {\"a\": 1} ", b'{"a": NaN}', b"\xef\xbb\xbf{}"]
+BAD = [b"", b"{", b'{"a": 1} x', b"{'a': 1}", b"\xff\xfe{}", b'{"a": "\xc3"}', b"[DONE]", b"  "]
+
+
+@pytest.mark.parametrize("data", GOOD + BAD)
+def test_parse_event_is_json_loads(data: bytes) -> None:
+    try:
+        want: Any = json.loads(data)
+    except ValueError as exc:
+        with pytest.raises(type(exc)):
+            oc.parse_event(data)
+        return
+    got = oc.parse_event(data)
+    assert json.dumps(got) == json.dumps(want)
+
+
+def test_body_encoder_is_json_dumps() -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "caf\u00e9 \u2028 \"q\"\n\t\x00"}], "max_tokens": 16,
+            "temperature": 0.7, "stream": True, "stream_options": {"include_usage": True},
+            "x": [None, 1.5, float("inf"), -0.0, 10**20], "y": {"z": False}}
+    assert oc._dumps(body) == json.dumps(body, separators=(",", ":"))  # noqa: SLF001
+
+
+# ---- the deadline ----------------------------------------------------------------------------
+
+class FakeLoop:
+    """call_at/time on a clock the test moves; handles fire only when the test says so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.handles: list[asyncio.TimerHandle] = []
+        self.real = asyncio.get_running_loop()
+
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, when: float, cb: Any, *args: Any) -> asyncio.TimerHandle:
+        h = asyncio.TimerHandle(when, cb, args, self.real)
+        self.handles.append(h)
+        return h
+
+    def armed(self) -> list[float]:
+        return [h.when() for h in self.handles if not h.cancelled()]
+
+    def advance(self, t: float) -> None:
+        """Move the clock to ``t`` and run every live timer due by then (in time order)."""
+        self.now = t
+        while True:
+            due = sorted((h for h in self.handles if not h.cancelled() and h.when() <= t), key=lambda h: h.when())
+            if not due:
+                return
+            h = due[0]
+            self.handles.remove(h)
+            h._run()  # noqa: SLF001
+
+
+async def _lazy_deadline_until_expiry() -> None:
+    loop = FakeLoop()
+    dl = oc._Deadline(loop, 0.0, first_s=10.0, idle_s=2.0, total_s=30.0)  # type: ignore[arg-type]  # noqa: SLF001
+    with dl:
+        assert loop.armed() == [2.0]  # min(first, idle): no deadline the request can get is earlier
+        loop.now = 0.5
+        dl.streaming(0.5)  # first event: idle deadline 2.5, later than the armed timer -> no new timer
+        assert (dl.when, dl.phase, loop.armed()) == (2.5, "idle", [2.0])
+        for t in (1.0, 1.9, 3.0, 4.2):  # events keep coming: a store each
+            loop.advance(t)
+            dl.when = min(dl.total_at, t + 2.0)
+        # the timer fired early twice (at 2.0 and 3.9) and re-armed for the deadline of that moment
+        assert not dl.expired and loop.armed() == [5.0]
+        loop.advance(5.0)
+        assert not dl.expired and loop.armed() == [6.2]
+        loop.advance(6.2)
+        assert dl.expired
+        await asyncio.sleep(0)  # the cancel lands here
+    assert False, "the with block must raise TimeoutError"  # pragma: no cover
+
+
+async def test_deadline_arms_once_moves_later_lazily_and_expires_as_timeout_error() -> None:
+    with pytest.raises(TimeoutError):
+        await _lazy_deadline_until_expiry()
+
+
+async def test_deadline_first_token_wait_longer_than_idle_rearms_earlier() -> None:
+    loop = FakeLoop()
+    dl = oc._Deadline(loop, 0.0, first_s=10.0, idle_s=2.0, total_s=30.0)  # type: ignore[arg-type]  # noqa: SLF001
+    with dl:
+        loop.advance(2.0)  # still waiting for the first token: re-armed for the first-token deadline
+        assert not dl.expired and loop.armed() == [10.0]
+        loop.now = 5.0
+        dl.streaming(5.0)  # idle deadline 7.0 is earlier than the armed 10.0: re-armed at once
+        assert loop.armed() == [7.0]
+
+
+async def test_deadline_total_caps_and_external_cancel_stays_a_cancel() -> None:
+    loop = FakeLoop()
+    dl = oc._Deadline(loop, 0.0, first_s=10.0, idle_s=20.0, total_s=3.0)  # type: ignore[arg-type]  # noqa: SLF001
+    assert (dl.when, dl.armed) == (3.0, 3.0)
+    task = asyncio.current_task()
+    assert task is not None
+    with pytest.raises(asyncio.CancelledError):
+        with dl:
+            task.cancel()  # someone else cancels the request: not a timeout
+            await asyncio.sleep(0)
+    task.uncancel()
+    assert not dl.expired and loop.armed() == []
+
+
+# ---- stamped connections ---------------------------------------------------------------------
+
+async def test_connections_stamp_byte_arrival() -> None:
+    from conftest import sim_server
+
+    async with sim_server(ttft_base=0.01, tpot_base=0.002, tpot_per_batch=0, ttft_per_prompt_token=0, jitter=0) as sim:
+        client = oc.OpenAIClient(TargetConfig(url=sim.base_url))
+        rec = RequestRecord("test")
+        try:
+            body = {"model": "soakd-sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+                    "stream": True}
+            await client.execute(rec, body)
+            protocols = [p for conns in client.session.connector._conns.values() for p, _ in conns]  # noqa: SLF001
+        finally:
+            await client.close()
+    assert rec.outcome is Outcome.OK, rec
+    assert protocols and all(type(p) is oc.StampedResponseHandler for p in protocols)
+    t = rec.token_times_ns
+    assert rec.t_start_ns < rec.t_headers_ns <= t[0] and t == sorted(t) and t[-1] <= rec.t_end_ns
