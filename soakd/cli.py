@@ -100,6 +100,10 @@ def add_run_arguments(p: argparse.ArgumentParser, *, demo: bool = False) -> None
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--progress", dest="progress", action="store_true", default=None, help="live progress line")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no live progress line")
+    p.add_argument("--new-run", action="store_true",
+                   help="start a fresh run even if the state dir holds an unfinished one (default: resume it)")
+    p.add_argument("--baseline", type=Path,
+                   help="an earlier run's JSON report whose baseline window this run is compared with")
     p.add_argument("--print-config", action="store_true", help="print the effective configuration and exit")
 
 
@@ -144,6 +148,7 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     put("samplers.nvml.mode", args.nvml)
     if args.sample_interval is not None:
         put("samplers.interval", _dur("--sample-interval", args.sample_interval))
+    put("analysis.baseline", str(args.baseline) if getattr(args, "baseline", None) else None)
     put("metrics.host", args.metrics_host)
     put("metrics.port", args.metrics_port)
     put("log.format", args.log_format)
@@ -174,20 +179,25 @@ def _install_signals(daemon: Any) -> None:
 
 
 async def _soak(cfg: SoakConfig, progress: bool | None = None,
-                nvml_module: Any = None) -> tuple[int, dict[str, Any] | None]:
+                nvml_module: Any = None, new_run: bool = False) -> tuple[int, dict[str, Any] | None]:
     from soakd.daemon import SoakDaemon, StartupError
 
-    daemon = SoakDaemon(cfg, progress=progress, nvml_module=nvml_module)
+    daemon = SoakDaemon(cfg, progress=progress, nvml_module=nvml_module, new_run=new_run)
     _install_signals(daemon)
     try:
         final = await daemon.run()
     except StartupError as exc:
         sys.stderr.write(f"soakd: {exc}\n")
         return EXIT_FAIL, None
-    ok = final.get("requests_measured", 0) > 0 or final.get("stop_reason") in ("SIGTERM", "SIGINT")
+    stopped = final.get("stop_reason") in ("SIGTERM", "SIGINT")
     if final.get("stop_reason") == "target_unreachable":
-        ok = False
-    return (EXIT_OK if ok else EXIT_FAIL), final
+        return EXIT_FAIL, final
+    if stopped:
+        return EXIT_OK, final  # a graceful stop; the run stays resumable and its verdict is interim
+    if final.get("requests_measured", 0) <= 0 and not final.get("windows"):
+        return EXIT_FAIL, final
+    verdict = final.get("verdict") or {}
+    return (EXIT_OK if verdict.get("passed", True) else EXIT_FAIL), final
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -203,7 +213,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _config_error(exc)
     logging_setup.configure(cfg.log.format, cfg.log.level)
     try:
-        code, final = _run_async(_soak(cfg))
+        code, final = _run_async(_soak(cfg, new_run=args.new_run))
     except ConfigError as exc:
         return _config_error(exc)
     if final is not None and logging_setup.use_console(cfg.log.format):
@@ -279,7 +289,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 f"with {int(cfg.run.window)}s windows; metrics at {where}\n"
             )
             sys.stdout.flush()
-            return await _soak(run_cfg, progress=progress, nvml_module=nvml)
+            return await _soak(run_cfg, progress=progress, nvml_module=nvml, new_run=True)
 
     try:
         code, final = _run_async(demo())
@@ -319,6 +329,22 @@ def format_summary(final: dict[str, Any]) -> str:
     lines.append("")
     lines.append(f" requests measured: {final.get('requests_measured', 0)}   outcomes: "
                  + ", ".join(f"{k}={v}" for k, v in outcomes.items() if v))
+    findings = final.get("findings") or []
+    if findings:
+        lines.append("")
+        lines.append(f" findings ({len(findings)}):")
+        for f in findings[-10:]:
+            lines.append(f"  - [{f.get('severity')}] {f.get('kind')}: {f.get('diagnosis')} — {str(f.get('message'))[:150]}")
+    verdict = final.get("verdict")
+    if verdict:
+        stab = verdict.get("stability") or {}
+        unstable = [m for m, v in stab.items() if v.get("stable") is False]
+        lines.append("")
+        lines.append(f" verdict: {verdict.get('result')}" + (
+            "" if verdict.get("passed") else " — " + "; ".join(verdict.get("reasons") or [])))
+        if stab:
+            lines.append(" stability ((max-min)/median over full windows, method's 5%): "
+                         + ("all tracked quantities within" if not unstable else "outside for " + ", ".join(unstable)))
     acc = final.get("prompt_length_accuracy")
     if acc:
         lines.append(f" prompt length vs target (server usage): median {acc['median']:+.1%}, "

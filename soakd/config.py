@@ -15,6 +15,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from soakd.analysis.diagnosis import DiagnosisConfig
+from soakd.analysis.drift import DriftConfig
+from soakd.analysis.leak import LeakConfig
+from soakd.analysis.throttle import ThrottleConfig
+from soakd.canary import CanaryConfig
 from soakd.durations import Duration
 from soakd.sim.config import SimConfig
 
@@ -273,6 +278,45 @@ class SamplersConfig(_Model):
     host: HostSamplerConfig = Field(default_factory=HostSamplerConfig)
 
 
+class QuiesceConfig(_Model):
+    enabled: bool = Field(
+        True,
+        description="Quiesce probes: stop sending, let in-flight requests drain, sample KV-cache usage and device "
+        "memory at idle, then resume. Probe time is excluded from load statistics.",
+    )
+    interval: Duration | None = Field(
+        None, gt=0, description="Time between probes; null = once per window (at its middle)."
+    )
+    drain_timeout: Duration = Field(60.0, gt=0, description="Longest wait for in-flight requests to finish.")
+    settle: Duration = Field(
+        2.0, ge=0, description="Idle time before the idle sample (lets the server free blocks and update gauges)."
+    )
+
+
+class VerdictConfig(_Model):
+    fail_on: list[Literal["drift", "leak", "throttle", "errors", "canary", "target"]] = Field(
+        default_factory=lambda: ["drift", "leak", "throttle", "errors", "canary"],
+        description="Finding kinds that fail the run (exit code 1).",
+    )
+    error_budget: float = Field(
+        0.01, ge=0, le=1, description="Run-wide share of failed measured requests allowed before 'errors' fails it."
+    )
+
+
+class AnalysisConfig(_Model):
+    drift: DriftConfig = Field(default_factory=DriftConfig)
+    leak: LeakConfig = Field(default_factory=LeakConfig)
+    throttle: ThrottleConfig = Field(default_factory=ThrottleConfig)
+    diagnosis: DiagnosisConfig = Field(default_factory=DiagnosisConfig)
+    quiesce: QuiesceConfig = Field(default_factory=QuiesceConfig)
+    canary: CanaryConfig = Field(default_factory=CanaryConfig)
+    verdict: VerdictConfig = Field(default_factory=VerdictConfig)
+    baseline: Path | None = Field(
+        None, description="An earlier run's JSON report (or its windows) to use as the baseline instead of the "
+        "first full window of this run."
+    )
+
+
 class SoakConfig(_Model):
     target: TargetConfig = Field(default_factory=TargetConfig)
     run: RunConfig = Field(default_factory=RunConfig)
@@ -281,6 +325,7 @@ class SoakConfig(_Model):
         default_factory=dict, description="Overrides of built-in scenarios and custom scenarios, by name."
     )
     samplers: SamplersConfig = Field(default_factory=SamplersConfig)
+    analysis: AnalysisConfig = Field(default_factory=AnalysisConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     sim: SimConfig = Field(default_factory=SimConfig, description="The embedded simulator (soakd sim / soakd demo).")

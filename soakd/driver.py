@@ -7,7 +7,6 @@ drains in-flight requests within the grace period and cancels the rest (recorded
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 import structlog
 
@@ -34,7 +33,6 @@ class LoadDriver:
         timeline: Timeline,
         max_requests: int | None = None,
         seed: int = 0,
-        paused: Callable[[], bool] | None = None,
     ) -> None:
         self.load = load
         self.client = client
@@ -47,6 +45,9 @@ class LoadDriver:
         self._tasks: set[asyncio.Task] = set()
         self.issued = 0
         self.stop_reason = ""
+        self._running = asyncio.Event()  # cleared while a quiesce probe holds the load
+        self._running.set()
+        self._resumed_at = 0.0
 
     # ---- control
     def stop(self, reason: str = "stopped") -> None:
@@ -58,12 +59,39 @@ class LoadDriver:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
-    def _budget_left(self, n: int) -> bool:
-        if self.max_requests is not None and self.issued + n > self.max_requests:
-            if self.issued >= self.max_requests:
-                self.stop("max_requests")
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
+
+    def pause(self) -> None:
+        """Stop sending new requests (in-flight ones finish); for quiesce probes."""
+        self._running.clear()
+
+    def resume(self) -> None:
+        self._resumed_at = asyncio.get_running_loop().time()
+        self._running.set()
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until nothing is in flight (True) or the timeout passes (False)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.recorder.in_flight > 0:
+            if loop.time() >= deadline or self._stop.is_set():
                 return False
+            await asyncio.sleep(0.02)
         return True
+
+    async def _wait_running(self) -> None:
+        """While paused: wait for resume or stop."""
+        if self._running.is_set():
+            return
+        resume = asyncio.ensure_future(self._running.wait())
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait((resume, stop), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            resume.cancel()
+            stop.cancel()
 
     # ---- one request
     async def _one(self, planned: PlannedRequest, window: int) -> RequestRecord:
@@ -107,6 +135,9 @@ class LoadDriver:
         tl = self.timeline
         backoff = 0.0
         while not self._stop.is_set():
+            if not self._running.is_set():
+                await self._wait_running()
+                continue
             now = loop.time()
             if now >= tl.end:
                 self.stop("duration")
@@ -140,6 +171,14 @@ class LoadDriver:
                     await asyncio.wait((stop_wait,), timeout=delay)
                 if self._stop.is_set():
                     break
+                if not self._running.is_set():
+                    # a quiesce probe holds the load: arrivals scheduled during it are skipped, not late
+                    await self._wait_running()
+                    if self._stop.is_set():
+                        break
+                    continue
+                if t < self._resumed_at:
+                    continue
                 if slots.locked():
                     # the cap is reached: wait for a slot (or the stop), and count the send as late
                     acq = asyncio.ensure_future(slots.acquire())

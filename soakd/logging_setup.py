@@ -53,5 +53,7 @@ def configure(fmt: str = "auto", level: str = "info") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(max(lvl, logging.WARNING))
-    for noisy in ("aiohttp.access", "apscheduler.scheduler", "apscheduler.executors.default"):
+    for noisy in ("aiohttp.access", "apscheduler.executors.default"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # skipped and missed runs are counted and logged by soakd's own scheduler listener
+    logging.getLogger("apscheduler.scheduler").setLevel(logging.ERROR)

@@ -38,7 +38,9 @@ class Recorder:
         timeline: Timeline,
         on_window_closed: Callable[[dict[str, Any]], None] | None = None,
         max_windows_kept: int = 2000,
+        confidence: float = 0.95,
     ) -> None:
+        self.confidence = confidence
         self.metrics = metrics
         self.timeline = timeline
         self.on_window_closed = on_window_closed
@@ -53,7 +55,8 @@ class Recorder:
         self.prompt_tokens = 0
         self.last_error: str = ""
         self._target_up_cb: Callable[[bool], None] | None = None
-        self._last_closed_index = -2
+        self._last_closed_index = timeline.first_index - 2
+        self._down_since: float | None = None
         self.prompt_token_error: list[float] = []  # (server prompt tokens / expected) - 1, bounded sample
         self._calib_n = 0
         self._hists: dict[str, tuple[Any, ...]] = {}  # scenario -> (e2e, ttft, itl histogram children, (scenario,))
@@ -159,8 +162,41 @@ class Recorder:
         v = 1.0 if up else 0.0
         if self.metrics.target_up.value != v:
             self.metrics.target_up.value = v
+            now = self._now()
+            if not up:
+                self._down_since = now
+            elif self._down_since is not None:
+                self.add_interval(self._down_since, now, "target_down_seconds")
+                self._down_since = None
             if self._target_up_cb is not None:
                 self._target_up_cb(up)
+
+    @staticmethod
+    def _now() -> float:
+        import asyncio
+
+        try:
+            return asyncio.get_running_loop().time()
+        except RuntimeError:
+            import time as _time
+
+            return _time.monotonic()
+
+    def add_interval(self, start: float, end: float, attr: str) -> None:
+        """Add the part of [start, end) that falls in each open window to ``attr`` (paused_seconds:
+        quiesce probes; target_down_seconds: the target unreachable)."""
+        if end <= start:
+            return
+        tl = self.timeline
+        k0, k1 = tl.window_at(start), tl.window_at(min(end, tl.end - 1e-9))
+        for k in range(max(k0, tl.first_index, self._last_closed_index + 1), k1 + 1):
+            ws, we = tl.window_bounds(k)
+            overlap = min(end, we) - max(start, ws)
+            if overlap <= 0:
+                continue
+            w = self.window_for(k, end)
+            if not w.closed:
+                setattr(w, attr, getattr(w, attr) + overlap)
 
     # ---- windows
     def close_due(self, now: float, final: bool = False) -> list[dict[str, Any]]:
@@ -168,25 +204,28 @@ class Recorder:
         ``final``: the run is over; close all, the unfinished one marked partial."""
         out = []
         tl = self.timeline
+        if self._down_since is not None and now > self._down_since:
+            self.add_interval(self._down_since, now, "target_down_seconds")
+            self._down_since = now
         upto = tl.window_at(min(now, tl.end - 1e-9))
         for k in range(self._last_closed_index + 1, upto + 1):
-            if k >= 0:
+            if k >= tl.first_index:
                 self.window_for(k, now)
         for index in sorted(self.windows):
             w = self.windows[index]
-            if w.closed or index < 0:
+            if w.closed or index < tl.first_index:
                 continue
             short = (w.end - w.start) < tl.window - 1e-6  # cut by the end of the run
             if final:
                 partial = short or now < w.end - 1e-6
-                summary = w.summary(actual_end=min(now, w.end), partial=partial)
+                summary = w.summary(actual_end=min(now, w.end), partial=partial, confidence=self.confidence)
             else:
                 if now < w.end:
                     break
                 patience = min(tl.window, 120.0)
                 if w.in_flight > 0 and now < w.end + patience:
                     continue
-                summary = w.summary(partial=short)
+                summary = w.summary(partial=short, confidence=self.confidence)
             w.closed = True
             self._last_closed_index = max(self._last_closed_index, index)
             out.append(summary)

@@ -1,0 +1,199 @@
+"""Per-window aggregates of the sampled telemetry (device, server, host).
+
+Samplers deliver snapshots; the daemon routes each to the window it falls in. Across GPUs a
+snapshot is reduced first (memory, power and energy summed — the node's totals; temperatures by
+their maximum — the hottest device limits; SM clock by the mean; a clocks-event reason counts as
+active when any GPU reports it), then aggregated over the window with O(1) state per quantity:
+count, sum, sum of squares, min, max, first, last and the sums of a least-squares slope.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from soakd.samplers.base import Series
+from soakd.samplers.reasons import CLOCKS_EVENT_REASON_NAMES
+
+
+class Agg:
+    __slots__ = ("n", "s", "ss", "lo", "hi", "first", "last", "st", "stt", "stv", "t0")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.s = self.ss = 0.0
+        self.lo = math.inf
+        self.hi = -math.inf
+        self.first: float | None = None
+        self.last: float | None = None
+        self.st = self.stt = self.stv = 0.0
+        self.t0: float | None = None
+
+    def add(self, v: float, t: float) -> None:
+        if self.t0 is None:
+            self.t0 = t
+            self.first = v
+        self.n += 1
+        self.s += v
+        self.ss += v * v
+        self.lo = min(self.lo, v)
+        self.hi = max(self.hi, v)
+        self.last = v
+        x = (t - self.t0) / 3600.0
+        self.st += x
+        self.stt += x * x
+        self.stv += x * v
+
+    @property
+    def mean(self) -> float | None:
+        return self.s / self.n if self.n else None
+
+    @property
+    def stdev(self) -> float | None:
+        if self.n < 2:
+            return None
+        var = (self.ss - self.s * self.s / self.n) / (self.n - 1)
+        return math.sqrt(max(0.0, var))
+
+    @property
+    def slope_per_hour(self) -> float | None:
+        n = self.n
+        if n < 3:
+            return None
+        den = n * self.stt - self.st * self.st
+        if den <= 1e-18:
+            return None
+        return (n * self.stv - self.st * self.s) / den
+
+    def summary(self, *keys: str) -> dict[str, float | None]:
+        full = {
+            "mean": self.mean,
+            "min": self.lo if self.n else None,
+            "max": self.hi if self.n else None,
+            "stdev": self.stdev,
+            "count": self.n,
+            "first": self.first,
+            "last": self.last,
+            "slope_per_hour": self.slope_per_hour,
+        }
+        return {k: full[k] for k in keys} if keys else full
+
+
+def _by_name(series: Iterable[Series]) -> dict[str, list[Series]]:
+    out: dict[str, list[Series]] = {}
+    for s in series:
+        out.setdefault(s.name, []).append(s)
+    return out
+
+
+# name -> (window key, reduction across GPUs/children)
+_REDUCE = {
+    "soakd_gpu_memory_used_bytes": ("memory_used_bytes", "sum"),
+    "soakd_gpu_power_watts": ("power_watts", "sum"),
+    "soakd_gpu_energy_joules_total": ("energy_joules_total", "sum"),
+    "soakd_gpu_sm_clock_hertz": ("sm_clock_hertz", "mean"),
+    "soakd_gpu_sm_clock_max_hertz": ("sm_clock_max_hertz", "max"),
+    "soakd_gpu_utilization_ratio": ("utilization_ratio", "mean"),
+    "soakd_target_gpu_memory_used_bytes": ("target_gpu_memory_bytes", "sum"),
+    "soakd_server_kv_cache_usage_ratio": ("kv_cache_usage_ratio", "mean"),
+    "soakd_server_requests_waiting": ("requests_waiting", "sum"),
+    "soakd_server_requests_running": ("requests_running", "sum"),
+    "soakd_target_resident_memory_bytes": ("target_rss_bytes", "sum"),
+    "soakd_self_resident_memory_bytes": ("self_rss_bytes", "sum"),
+}
+
+
+def reduce_snapshot(series: Iterable[Series]) -> tuple[dict[str, float], dict[str, bool]]:
+    """One snapshot -> {window key: value} and {reason: active on any GPU}."""
+    grouped = _by_name(series)
+    values: dict[str, float] = {}
+    for name, (key, how) in _REDUCE.items():
+        items = grouped.get(name)
+        if not items:
+            continue
+        vs = [s.value for s in items]
+        values[key] = sum(vs) if how == "sum" else max(vs) if how == "max" else sum(vs) / len(vs)
+    temps = grouped.get("soakd_gpu_temperature_celsius") or []
+    gpu_t = [s.value for s in temps if s.label("sensor") == "gpu"]
+    mem_t = [s.value for s in temps if s.label("sensor") == "memory"]
+    if gpu_t:
+        values["temperature_celsius"] = max(gpu_t)
+    if mem_t:
+        values["memory_temperature_celsius"] = max(mem_t)
+    reasons: dict[str, bool] = {}
+    events = grouped.get("soakd_gpu_clocks_event_active")
+    if events:
+        reasons = dict.fromkeys(CLOCKS_EVENT_REASON_NAMES, False)
+        for s in events:
+            r = s.label("reason")
+            if r in reasons and s.value >= 0.5:
+                reasons[r] = True
+    return values, reasons
+
+
+class SampleWindow:
+    """The telemetry of one window. Bounded: a fixed set of aggregates, whatever the length."""
+
+    def __init__(self) -> None:
+        self.aggs: dict[str, Agg] = {}
+        self.reason_samples = 0
+        self.reason_active: dict[str, int] = dict.fromkeys(CLOCKS_EVENT_REASON_NAMES, 0)
+        self.quiesce: dict[str, Any] | None = None
+        self.energy_joules = 0.0
+        self.energy_seconds = 0.0
+
+    def add_energy(self, joules: float, seconds: float) -> None:
+        """Energy used between two readings of the counter while load was running (the daemon
+        differences the counter; a reset or a paused interval contributes nothing)."""
+        self.energy_joules += joules
+        self.energy_seconds += seconds
+
+    def add(self, series: Iterable[Series], t: float) -> None:
+        values, reasons = reduce_snapshot(series)
+        for key, v in values.items():
+            agg = self.aggs.get(key)
+            if agg is None:
+                agg = self.aggs[key] = Agg()
+            agg.add(v, t)
+        if reasons:
+            self.reason_samples += 1
+            for r, active in reasons.items():
+                if active:
+                    self.reason_active[r] += 1
+
+    def summary(self, completion_tokens: int) -> dict[str, Any]:
+        a = self.aggs
+        device: dict[str, Any] = {}
+        if "power_watts" in a:
+            device["power_watts"] = a["power_watts"].summary("mean", "max", "min", "stdev", "count")
+        if self.energy_seconds > 0:
+            device["energy_joules"] = self.energy_joules
+            device["energy_seconds"] = self.energy_seconds
+            device["energy_per_output_token_joules"] = (
+                self.energy_joules / completion_tokens if completion_tokens else None)
+        for key in ("temperature_celsius", "memory_temperature_celsius"):
+            if key in a:
+                device[key] = a[key].summary("mean", "max")
+        if "sm_clock_hertz" in a:
+            device["sm_clock_hertz"] = a["sm_clock_hertz"].summary("mean", "min", "max")
+        if "sm_clock_max_hertz" in a:
+            device["sm_clock_max_hertz"] = a["sm_clock_max_hertz"].hi
+        if "utilization_ratio" in a:
+            device["utilization_ratio"] = a["utilization_ratio"].summary("mean", "max")
+        if self.reason_samples:
+            device["throttle_share"] = {r: c / self.reason_samples for r, c in self.reason_active.items()}
+        for key in ("memory_used_bytes", "target_gpu_memory_bytes"):
+            if key in a:
+                device[key] = a[key].summary("min", "max", "mean", "first", "last", "slope_per_hour")
+        server: dict[str, Any] = {}
+        if "kv_cache_usage_ratio" in a:
+            server["kv_cache_usage_ratio"] = a["kv_cache_usage_ratio"].summary("mean", "max", "min")
+        for key in ("requests_waiting", "requests_running"):
+            if key in a:
+                server[key] = a[key].summary("mean", "max")
+        host: dict[str, Any] = {}
+        for key in ("target_rss_bytes", "self_rss_bytes"):
+            if key in a:
+                host[key] = a[key].summary("min", "max", "mean", "first", "last")
+        return {"device": device, "server": server, "host": host, "quiesce": self.quiesce}
