@@ -1,0 +1,97 @@
+"""Nothing lost: a SIGKILLed soakd resumes the same run (id, baseline, window numbering) with the
+gap recorded as a segment boundary; SIGTERM closes a partial window and leaves the run resumable;
+--new-run starts afresh; an unwritable state dir fails fast."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+from conftest import QUICK_SIM, SoakdProcess, run_soakd, sim_server
+
+from soakd.store import StoreReader
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+
+def _args(url: str, state: Path, *extra: str, cfg_dir: Path | None = None) -> list[str]:
+    cfg = (cfg_dir or state.parent) / "soak.yaml"
+    # short outputs so a 1 s window holds enough requests (>= 50) to choose a baseline
+    cfg.write_text("scenarios:\n  short_chat:\n    max_tokens: 8\n    prompt_tokens: 32\n")
+    return [
+        "run", "-c", str(cfg), "--target", url, "--duration", "60s", "--window", "1s", "--warmup", "0s",
+        "--concurrency", "8", "--mix", "short_chat=1", "--metrics-host", "127.0.0.1", "--metrics-port", "0",
+        "--state-dir", str(state), "--log-format", "json", "--grace", "2s", "--sample-interval", "0.5s",
+        "--nvml", "off", *extra,
+    ]  # fmt: skip
+
+
+async def test_sigkill_then_restart_resumes_the_same_run(tmp_path: Path) -> None:
+    async with sim_server(**QUICK_SIM) as sim:
+        first = await SoakdProcess.start(*_args(sim.base_url, tmp_path))
+        started = await first.json_event("soakd_started")
+        run_id = started["run_id"]
+        for _ in range(3):
+            await first.json_event("window_closed")
+        first.proc.kill()  # SIGKILL: no drain, no final window, no report
+        await first.finish(10)
+        reader = StoreReader(tmp_path)
+        before = reader.load_windows(run_id)
+        assert [w["window"] for w in before] == list(range(len(before))) and len(before) >= 3
+        base_before = reader.load_baseline(run_id)
+        assert base_before is not None and base_before[0] == 0
+        assert reader.get_run(run_id).status == "running"
+
+        second = await SoakdProcess.start(*_args(sim.base_url, tmp_path))
+        resumed = await second.json_event("soakd_started")
+        assert resumed["run_id"] == run_id and resumed["resumed"] is True
+        info = await second.json_event("run_resumed")
+        assert info["first_window"] == before[-1]["window"] + 1
+        closed = await second.json_event("window_closed")
+        assert closed["window"] == before[-1]["window"] + 1
+        await second.json_event("window_closed")
+        second.signal(signal.SIGTERM)
+        assert await second.finish(30) == 0
+
+    reader = StoreReader(tmp_path)
+    windows = reader.load_windows(run_id)
+    idx = [w["window"] for w in windows]
+    assert idx == sorted(set(idx)), "window numbers are unique and increasing across the restart"
+    assert idx[: len(before)] == [w["window"] for w in before]
+    assert {w["segment"] for w in windows} == {0, 1}
+    assert reader.load_baseline(run_id)[0] == 0  # the baseline survived the SIGKILL
+    segments = reader.load_segments(run_id)
+    assert len(segments) == 2 and segments[0].ended_unix is not None
+    assert segments[0].ended_unix <= segments[1].started_unix  # the gap is between segments, in no window
+    events = reader.load_events(run_id)
+    assert any(e.kind == "segment" for e in events)
+    # SIGTERM keeps the run resumable; its last window is partial
+    assert reader.get_run(run_id).status == "running"
+    assert windows[-1]["partial"] is True
+    assert (tmp_path / run_id / "summary.json").exists()
+
+
+async def test_new_run_starts_afresh(tmp_path: Path) -> None:
+    async with sim_server(**QUICK_SIM) as sim:
+        p = await SoakdProcess.start(*_args(sim.base_url, tmp_path))
+        old = (await p.json_event("soakd_started"))["run_id"]
+        await p.json_event("window_closed")
+        p.signal(signal.SIGTERM)
+        assert await p.finish(30) == 0
+        q = await SoakdProcess.start(*_args(sim.base_url, tmp_path, "--new-run", "--duration", "3s"))
+        new = (await q.json_event("soakd_started"))["run_id"]
+        assert await q.finish(30) == 0
+    assert new != old
+    reader = StoreReader(tmp_path)
+    assert reader.get_run(old).status == "failed" and reader.get_run(old).stop_reason.startswith("superseded")
+    assert reader.get_run(new).status in ("finished", "failed")
+    assert reader.load_windows(new)[0]["window"] == 0
+
+
+async def test_unwritable_state_dir_fails_fast(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    rc, out, err = await run_soakd(*_args("http://127.0.0.1:9/v1", blocker / "state", cfg_dir=tmp_path), timeout=20)
+    assert rc == 2
+    assert "run.state_dir" in err and str(blocker) in err
