@@ -1,7 +1,7 @@
 # soakd — two commands on a fresh machine (Python 3.11, Debian, root, no GPU):
 #   make demo   creates the virtualenv, installs soakd, soaks the embedded simulator, shows the result
 #   make test   installs what the tests need (Python packages, Debian's prometheus for promtool and a
-#               real Prometheus server) and runs the whole suite
+#               real Prometheus server, Debian's chromium for the report screenshot) and runs the whole suite
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -30,7 +30,8 @@ $(VENV)/.installed-test: $(VENV)/.installed
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
-# promtool (metric and rule checks) and a real Prometheus server come from Debian's package.
+# promtool (metric and rule checks) and a real Prometheus server come from Debian's package;
+# chromium (headless) screenshots the HTML report.
 system-deps:
 	@if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then \
 	  echo "installing Debian's prometheus (promtool + server)"; \
@@ -38,6 +39,12 @@ system-deps:
 	  $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
 	fi
 	@promtool --version 2>&1 | head -1
+	@# Debian's chromium: the HTML report's screenshot test (skipped, with the reason, without it)
+	@if [ ! -x /usr/bin/chromium ]; then \
+	  echo "installing Debian's chromium (headless screenshot of the HTML report)"; \
+	  $(SUDO) apt-get update -qq && \
+	  $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null; \
+	fi
 
 demo: $(VENV)/.installed
 	$(PY) -m soakd demo $(DEMO_ARGS)

@@ -430,6 +430,63 @@ def cmd_metrics(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ---- report ------------------------------------------------------------------------------------
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Render a run's report from the state dir (stdout or -o FILE), or list the runs."""
+    import time
+
+    from soakd.report import ReportError, build_report, render
+    from soakd.report.render import write_atomic
+    from soakd.store import StoreError, StoreReader
+
+    state_dir = Path(args.state_dir or os.environ.get("SOAKD_RUN__STATE_DIR") or "./soakd-state")
+    by_suffix = {".md": "md", ".markdown": "md", ".html": "html", ".htm": "html", ".json": "json"}
+    fmt = args.format or by_suffix.get(args.output.suffix.lower() if args.output else "", "md")
+    try:
+        reader = StoreReader(state_dir)
+    except StoreError as exc:
+        sys.stderr.write(f"soakd report: {exc}\n")
+        return EXIT_CONFIG
+    try:
+        if args.list:
+            runs = reader.list_runs()
+            if not runs:
+                sys.stderr.write(f"soakd report: {reader.db} holds no runs yet\n")
+                return EXIT_CONFIG
+            sys.stdout.write(f"{'run':<14} {'started (UTC)':<20} {'status':<9} {'verdict':<10} {'windows':>7}  "
+                             "target\n")
+            for r in runs:
+                started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r.created_unix))
+                verdict = (r.verdict or {}).get("result") or "-"
+                if r.status == "running" and r.verdict:
+                    verdict += "*"
+                sys.stdout.write(f"{r.id:<14} {started:<20} {r.status:<9} {verdict:<10} {r.windows:>7}  "
+                                 f"{r.target or '-'}\n")
+            if any(r.status == "running" and r.verdict for r in runs):
+                sys.stdout.write("(* interim verdict: the run was stopped and can resume)\n")
+            return EXIT_OK
+        try:
+            report = build_report(reader, args.run)
+        except ReportError as exc:
+            sys.stderr.write(f"soakd report: {exc}\n")
+            return EXIT_CONFIG
+    finally:
+        reader.close()
+    text = render(report, fmt)
+    if args.output:
+        try:
+            write_atomic(args.output, text)
+        except OSError as exc:
+            sys.stderr.write(f"soakd report: cannot write {args.output}: {exc.strerror or exc}\n")
+            return EXIT_FAIL
+        sys.stderr.write(f"soakd report: {fmt} report of run {report['run']['id']} written to {args.output}\n")
+    else:
+        sys.stdout.write(text)
+    return EXIT_OK
+
+
 # ---- main --------------------------------------------------------------------------------------
 
 
@@ -468,6 +525,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_sim_arguments(p)
     p.set_defaults(func=cmd_sim)
+
+    p = sub.add_parser("report", help="render a run's report (Markdown, HTML or JSON) from the state dir",
+                       description="Render the report of a run from the state dir: the verdict, per-window table, "
+                       "findings with diagnoses and (HTML) charts. The JSON report is what "
+                       "`soakd run --baseline` reads.")
+    p.add_argument("--state-dir", type=Path,
+                   help="state dir of the run (default ./soakd-state; env SOAKD_RUN__STATE_DIR)")
+    p.add_argument("--run", metavar="ID", help="run id (default: the newest run; see --list)")
+    p.add_argument("--format", choices=["md", "html", "json"],
+                   help="output format (default md, or from the -o file's extension)")
+    p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write to FILE instead of stdout")
+    p.add_argument("--list", action="store_true", help="list the runs in the state dir (id, start, status, verdict)")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("metrics", help="list every metric soakd exports")
     p.add_argument("--markdown", action="store_true", help="as the README's Markdown table")

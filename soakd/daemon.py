@@ -36,6 +36,7 @@ from soakd.metrics import BY_NAME, SoakMetrics
 from soakd.samplers.base import SamplerRunner, SnapshotCollector
 from soakd.samplers.registry import build_samplers
 from soakd.recorder import Recorder
+from soakd.report import write_final_reports
 from soakd.web import Heartbeat, WebServer, build_app
 from soakd.workload.scenarios import resolve_all
 from soakd.workload.workload import Workload
@@ -406,6 +407,8 @@ class SoakDaemon:
             if reason not in ("SIGTERM", "SIGINT"):
                 await self._store_call("finish", store.finish_run(
                     self.run_id, reason, status="finished" if verdict["passed"] else "failed"))
+            # report.json/md/html into the run dir; a failure is logged, never fatal
+            await write_final_reports(self.config.run.state_dir, self.run_id)
         self.final = self._final_summary(reason=reason)
         return self.final
 
@@ -466,7 +469,7 @@ class SoakDaemon:
             sched.add_job(self._quiesce_job, "interval", seconds=interval, id="quiesce", max_instances=1,
                           coalesce=True, misfire_grace_time=max(1, int(interval)), next_run_time=first)
         c = cfg.analysis.canary
-        if self.canary is not None and not (q.enabled and c.with_quiesce):
+        if self.canary is not None and not (q.enabled and c.with_quiesce and self._quiesce_fits()):
             first = datetime.now(UTC) + timedelta(seconds=cfg.run.warmup + min(c.interval, cfg.run.window) / 2)
             sched.add_job(self._canary_job, "interval", seconds=c.interval, id="canary", max_instances=1,
                           coalesce=True, misfire_grace_time=max(1, int(c.interval)), next_run_time=first)
@@ -505,11 +508,11 @@ class SoakDaemon:
         t0, wall = loop.time(), time.time()
         if tl.end - t0 < min(cfg.run.window / 2, 60.0):
             return
-        if cfg.run.window < 10 * max(q.settle, 1.0):
+        if not self._quiesce_fits():
             # a probe (drain + settle) would swallow most of such a short window
             if not self._quiesce_skip_logged:
                 log.info("quiesce_skipped", reason=f"window {cfg.run.window:g}s is shorter than 10x the probe's "
-                         f"settle time ({max(q.settle, 1.0):g}s); lower analysis.quiesce.settle to probe")
+                         f"settle time ({max(q.settle, 0.1):g}s); lower analysis.quiesce.settle to probe")
                 self._quiesce_skip_logged = True
             return
         idx = tl.window_at(t0)
@@ -555,6 +558,11 @@ class SoakDaemon:
                           f"{_fmt(mem / 2**30 if mem is not None else None, '.2f')} GiB, drained={probe['drained']}, "
                           f"{probe['seconds']}s", probe, idx)
         await self._flush_events()
+
+    def _quiesce_fits(self) -> bool:
+        """Whether quiesce probes run at all: a window shorter than 10x the settle time (at least
+        0.1 s) is skipped, the probe would swallow most of it."""
+        return self.config.run.window >= 10 * max(self.config.analysis.quiesce.settle, 0.1)
 
     async def _canary_job(self) -> None:
         if self.driver is None or self.driver.stopping or self.phase != "running" or self.timeline is None:

@@ -1,0 +1,554 @@
+"""Build the final report of a run from the store: one plain, JSON-serialisable dict.
+
+Everything the Markdown and HTML renderers show comes from this dict, and the dict itself is
+the JSON report, so ``--baseline report.json`` of a later run reads it: it carries ``windows``
+(the full window summaries, as ``StoreReader.load_windows`` returns them) and ``baseline`` (this
+run's own baseline window summary), both of which ``soakd.analysis.drift.baseline_from_report``
+accepts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from soakd import __version__
+from soakd.analysis.diagnosis import TROUBLESHOOTING
+from soakd.analysis.drift import DriftConfig, baseline_from_report, choose_baseline, metric_value
+from soakd.store import SegmentRow, StoreReader, segment_gaps
+
+__all__ = ["FINDING_GROUPS", "REPORT_SCHEMA", "ReportError", "build_report"]
+
+REPORT_SCHEMA = "soakd-report/1"
+# Event kinds, in the order the report shows their groups ("canary_reference" joins "canary").
+FINDING_GROUPS = ("drift", "leak", "throttle", "canary", "errors", "target", "quiesce", "segment", "baseline")
+_GROUP_OF = {"canary_reference": "canary"}
+MAX_POINTS = 720  # time series are averaged down to this many points (a week at one per ~14 min)
+# Diagnoses that findings carry but the method's table (diagnosis.TROUBLESHOOTING) does not list.
+EXTRA_TROUBLESHOOTING: dict[str, tuple[str, str]] = {
+    "output changed": (
+        "the canary prompt (greedy, fixed seed) answered differently from its reference output",
+        "weights and quantisation, tokenizer, kernels of the new stack; batch-variant kernels when it changes "
+        "only under load",
+    ),
+}
+_SECRET_KEY = re.compile(r"(^|_)(api_?key|password|passwd|secret|token|authorization|bearer|credentials?)$", re.I)
+
+
+class ReportError(Exception):
+    """No run to report on (empty store, unknown run id)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# small helpers
+
+
+def _f(v: Any) -> float | None:
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _get(d: Any, *path: str) -> Any:
+    for k in path:
+        if not isinstance(d, Mapping):
+            return None
+        d = d.get(k)
+    return d
+
+
+def iso(ts: float | None) -> str | None:
+    return None if ts is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def _clean(obj: Any) -> Any:
+    """JSON-safe copy: NaN/inf -> None, tuples -> lists, keys -> str."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def _redact_url(url: Any) -> Any:
+    if not isinstance(url, str) or "@" not in url:
+        return url
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host += f":{parts.port}"
+    return urlunsplit((parts.scheme, "***@" + host, parts.path, parts.query, parts.fragment))
+
+
+def redact(obj: Any, _key: str = "") -> Any:
+    """Defence in depth over the (already redacted) stored config: values of secret-looking keys,
+    every extra HTTP header value and credentials in URLs become '***'."""
+    if isinstance(obj, Mapping):
+        out = {}
+        for k, v in obj.items():
+            ks = str(k)
+            if ks == "headers" and isinstance(v, Mapping):
+                out[ks] = {str(h): "***" for h in v}
+            elif _SECRET_KEY.search(ks) and v not in (None, "", [], {}):
+                out[ks] = "***"
+            else:
+                out[ks] = redact(v, ks)
+        return out
+    if isinstance(obj, list):
+        return [redact(v, _key) for v in obj]
+    if isinstance(obj, str) and "://" in obj:
+        return _redact_url(obj)
+    return obj
+
+
+def _server_kind(reader: StoreReader, run_id: str) -> str | None:
+    """The kind the server sampler detected (soakd_server_info{kind}) when the run row has none."""
+    kinds = sorted({r.labels.get("kind") for r in reader.load_samples(run_id, "soakd_server_info")} - {None, ""})
+    return ", ".join(k for k in kinds if k) or None
+
+
+def _drift_config(config: Any) -> DriftConfig:
+    raw = _get(config, "analysis", "drift")
+    if isinstance(raw, Mapping):
+        try:
+            return DriftConfig.model_validate(dict(raw))
+        except Exception:  # noqa: BLE001 - an older/newer config: the defaults are the best guess
+            pass
+    return DriftConfig()
+
+
+def _downsample(t: list[float], cols: dict[str, list[float | None]], limit: int = MAX_POINTS,
+                gap: float | None = None) -> tuple[list[float], dict[str, list[float | None]]]:
+    """Average consecutive points into at most ``limit`` buckets (a bucket never spans a gap)."""
+    n = len(t)
+    if n <= limit:
+        return t, cols
+    size = math.ceil(n / limit)
+    out_t: list[float] = []
+    out_c: dict[str, list[float | None]] = {k: [] for k in cols}
+    i = 0
+    while i < n:
+        j = i + 1
+        while j < n and j - i < size and not (gap is not None and t[j] - t[j - 1] > gap):
+            j += 1
+        out_t.append(sum(t[i:j]) / (j - i))
+        for k, vs in cols.items():
+            chunk = [v for v in vs[i:j] if v is not None]
+            out_c[k].append(sum(chunk) / len(chunk) if chunk else None)
+        i = j
+    return out_t, out_c
+
+
+def _with_gaps(t: list[float], cols: dict[str, list[float | None]], gap: float
+               ) -> tuple[list[float], dict[str, list[float | None]]]:
+    """A None point between two points further apart than ``gap``: the chart's line breaks there."""
+    out_t: list[float] = []
+    out_c: dict[str, list[float | None]] = {k: [] for k in cols}
+    for i, x in enumerate(t):
+        if i and x - t[i - 1] > gap:
+            out_t.append((x + t[i - 1]) / 2)
+            for k in cols:
+                out_c[k].append(None)
+        out_t.append(x)
+        for k, vs in cols.items():
+            out_c[k].append(vs[i])
+    return out_t, out_c
+
+
+# ---------------------------------------------------------------------------------------------
+# sections
+
+
+def _run_section(run: Any, config: Any, segments: list[SegmentRow], windows: list[dict[str, Any]],
+                 server_kind: str | None = None) -> dict[str, Any]:
+    gaps = segment_gaps(segments)
+    ends = [s.ended_unix or s.last_seen_unix or s.started_unix for s in segments]
+    last_window_end = max((_f(w.get("start_unix")) or 0.0) + (_f(w.get("wall_duration_seconds"))
+                          or _f(w.get("duration_seconds")) or 0.0) for w in windows) if windows else None  # fmt: skip
+    ended = run.ended_unix or (max(ends) if ends else None) or last_window_end
+    last_seg = segments[-1] if segments else None
+    if run.status == "running":
+        if last_seg is not None and last_seg.ended_unix is not None:
+            state = (f"stopped ({last_seg.end_reason or 'stopped'}); resumable: the next start with this state dir "
+                     "continues the run")
+        else:
+            state = "running, or interrupted without a clean stop (no verdict until it resumes and finishes)"
+    else:
+        state = run.status
+    observed = sum(max(0.0, (s.ended_unix or s.last_seen_unix or s.started_unix) - s.started_unix) for s in segments)
+    load = _get(config, "load") or {}
+    closed = load.get("concurrency") is not None and load.get("rate") is None
+    return {
+        "id": run.id,
+        "target": _redact_url(run.target),
+        "model": run.model,
+        "server_kind": run.server_kind or server_kind,
+        "soakd_version": run.version,
+        "status": run.status,
+        "state": state,
+        "stop_reason": run.stop_reason or (last_seg.end_reason if last_seg is not None else None),
+        "started_unix": run.created_unix,
+        "started_at": iso(run.created_unix),
+        "ended_unix": ended,
+        "ended_at": iso(ended),
+        "wall_seconds": (ended - run.created_unix) if ended is not None else None,
+        "observed_seconds": observed,
+        "planned_duration": _get(config, "run", "duration"),
+        "window": _get(config, "run", "window"),
+        "warmup": _get(config, "run", "warmup"),
+        "load": {
+            "mode": "closed loop" if closed else "open loop",
+            "concurrency": load.get("concurrency") if closed else None,
+            "rate": None if closed else load.get("rate"),
+            "arrival": None if closed else load.get("arrival"),
+            "mix": load.get("mix"),
+        },
+        "segments": [
+            {"seq": s.seq, "started_at": iso(s.started_unix), "ended_at": iso(s.ended_unix), "reason": s.reason,
+             "end_reason": s.end_reason,
+             "seconds": max(0.0, (s.ended_unix or s.last_seen_unix or s.started_unix) - s.started_unix)}
+            for s in segments
+        ],
+        "gaps": [{"from": iso(a), "to": iso(b), "from_unix": a, "to_unix": b, "seconds": max(0.0, b - a)}
+                 for a, b in gaps],
+        "config_hash": run.config_hash,
+        "config": config,
+    }
+
+
+def _verdict_section(run: Any) -> dict[str, Any]:
+    v = run.verdict
+    interim = run.status == "running"
+    if not isinstance(v, Mapping):
+        return {"result": "INCOMPLETE", "passed": None, "interim": True,
+                "reasons": ["no verdict was stored: the run has not finished (still running, or soakd was killed "
+                            "before it could stop cleanly); resume it, or read the windows below"],
+                "findings": {}, "stability": {}, "recurring_drops": {}}
+    out = {
+        "result": v.get("result") or ("PASS" if v.get("passed") else "FAIL"),
+        "passed": v.get("passed"),
+        "interim": interim,
+        "reasons": list(v.get("reasons") or []),
+        "findings": dict(v.get("findings") or {}),
+        "stability": dict(v.get("stability") or {}),
+        "recurring_drops": dict(v.get("recurring_drops") or {}),
+    }
+    return out
+
+
+def _baseline(reader_baseline: tuple[int, dict[str, Any]] | None, windows: list[dict[str, Any]], config: Any,
+              drift_cfg: DriftConfig) -> tuple[dict[str, Any] | None, dict[str, Any] | None, dict[str, Any]]:
+    """(this run's baseline window, the baseline this run was compared with, info)."""
+    own: dict[str, Any] | None = None
+    if reader_baseline is not None:
+        own = reader_baseline[1]
+        own.setdefault("window", reader_baseline[0])
+    else:
+        own = choose_baseline([w for w in windows if not w.get("partial")], drift_cfg.min_requests)
+    info: dict[str, Any] = {"window": own.get("window") if own else None, "source": "this run" if own else None,
+                            "external_path": None, "external_window": None, "note": None}
+    used = own
+    path = _get(config, "analysis", "baseline")
+    if path:
+        info["external_path"] = str(path)
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            ext = baseline_from_report(data, drift_cfg.min_requests)
+        except (OSError, ValueError) as exc:
+            ext = None
+            info["note"] = f"the external baseline {path} could not be read now ({exc}); bands show this run's own"
+        if ext is not None:
+            used = ext
+            info.update(source="external", external_window=ext.get("window"))
+        elif info["note"] is None:
+            info["note"] = f"{path} holds no usable baseline window; bands show this run's own"
+    if used is None:
+        info["note"] = info["note"] or (
+            f"no full window with at least {drift_cfg.min_requests} requests: nothing to compare with")
+    return own, used, info
+
+
+def _window_row(w: dict[str, Any], baseline_idx: int | None, notes: Iterable[str]) -> dict[str, Any]:
+    dev, srv = w.get("device") or {}, w.get("server") or {}
+    oc = w.get("outcomes") or {}
+    requests = int(w.get("requests") or 0)
+    errors = requests - int(oc.get("ok", requests) or 0) - int(oc.get("cancelled", 0) or 0)
+    mem = _get(dev, "memory_used_bytes", "mean")
+    kv = _get(srv, "kv_cache_usage_ratio", "mean")
+    clock = _get(dev, "sm_clock_hertz", "mean")
+    flags = []
+    if w.get("window") == baseline_idx:
+        flags.append("baseline")
+    if w.get("partial"):
+        flags.append("partial")
+    if _f(w.get("target_down_seconds")):
+        flags.append("target down")
+    flags.extend(notes)
+    return {
+        "window": w.get("window"),
+        "segment": w.get("segment"),
+        "partial": bool(w.get("partial")),
+        "start_unix": _f(w.get("start_unix")),
+        "start": iso(_f(w.get("start_unix"))),
+        "duration_seconds": _f(w.get("duration_seconds")),
+        "requests": requests,
+        "requests_per_second": _f(w.get("requests_per_second")),
+        "output_tokens_per_second": _f(w.get("output_tokens_per_second")),
+        "e2e_p50": _f(_get(w, "e2e_seconds", "p50")), "e2e_p95": _f(_get(w, "e2e_seconds", "p95")),
+        "ttft_p50": _f(_get(w, "ttft_seconds", "p50")), "ttft_p95": _f(_get(w, "ttft_seconds", "p95")),
+        "itl_p50": _f(_get(w, "itl_seconds", "p50")), "itl_p95": _f(_get(w, "itl_seconds", "p95")),
+        "errors": max(0, errors),
+        "error_rate": _f(w.get("error_rate")),
+        "outcomes": {k: v for k, v in oc.items() if v and k != "ok"},
+        "power_watts": _f(_get(dev, "power_watts", "mean")),
+        "temperature_celsius": _f(_get(dev, "temperature_celsius", "max")),
+        "sm_clock_mhz": _f(clock) / 1e6 if _f(clock) is not None else None,
+        "memory_gib": _f(mem) / 2**30 if _f(mem) is not None else None,
+        "kv_cache_usage_ratio": _f(kv),
+        "joules_per_token": _f(dev.get("energy_per_output_token_joules")),
+        "notes": flags,
+    }  # fmt: skip
+
+
+def _event_dict(e: Any) -> dict[str, Any]:
+    data = e.data if isinstance(e.data, Mapping) else {}
+    is_finding = "diagnosis" in data and "kind" in data
+    return {
+        "id": e.id,
+        "t_unix": e.t_unix,
+        "at": iso(e.t_unix),
+        "kind": e.kind,
+        "severity": e.severity,
+        "window": e.window,
+        "message": e.message,
+        "diagnosis": data.get("diagnosis") if is_finding else None,
+        "detail": data.get("message") if is_finding else None,
+        "evidence": data.get("evidence") if is_finding else (data or None),
+    }
+
+
+def _findings(events: list[Any]) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for e in events:
+        g = _GROUP_OF.get(e.kind, e.kind)
+        groups.setdefault(g, []).append(_event_dict(e))
+    ordered = {g: groups[g] for g in FINDING_GROUPS if g in groups}
+    ordered.update({g: v for g, v in sorted(groups.items()) if g not in ordered})
+    seen: dict[str, dict[str, Any]] = {}
+    for items in ordered.values():
+        for ev in items:
+            d = ev["diagnosis"]
+            if d is None:
+                continue
+            row = seen.get(d)
+            if row is None:
+                what, check = TROUBLESHOOTING.get(d) or EXTRA_TROUBLESHOOTING.get(d, ("", ""))
+                row = seen[d] = {"diagnosis": d, "seen": what, "check": check, "count": 0, "windows": [],
+                                 "severity": ev["severity"], "kinds": []}
+            row["count"] += 1
+            if ev["window"] is not None and ev["window"] not in row["windows"]:
+                row["windows"].append(ev["window"])
+            if ev["kind"] not in row["kinds"]:
+                row["kinds"].append(ev["kind"])
+            if ev["severity"] == "critical":
+                row["severity"] = "critical"
+    order = {d: i for i, d in enumerate(TROUBLESHOOTING)}
+    rows = sorted(seen.values(), key=lambda r: (order.get(r["diagnosis"], len(order)), r["diagnosis"]))
+    return ordered, rows
+
+
+# metric -> (label, field of the window summary or None for metric_value)
+WINDOW_METRICS: dict[str, str] = {
+    "e2e_p50": "e2e p50", "e2e_p95": "e2e p95", "ttft_p50": "TTFT p50", "ttft_p95": "TTFT p95",
+    "itl_p50": "inter-token p50", "itl_p95": "inter-token p95", "requests_per_second": "requests/s",
+    "output_tokens_per_second": "output tokens/s", "error_rate": "error rate", "energy_per_token": "J/token",
+}  # fmt: skip
+
+
+def _window_series(windows: list[dict[str, Any]], used_baseline: dict[str, Any] | None,
+                   drift_cfg: DriftConfig, run_start: float) -> dict[str, Any]:
+    xs = [w.get("window") for w in windows]
+    out: dict[str, Any] = {"window": xs, "partial": [bool(w.get("partial")) for w in windows],
+                           "elapsed_seconds": [((_f(w.get("start_unix")) or run_start) - run_start) for w in windows],
+                           "metrics": {}, "baseline": {}, "threshold": {}, "relative": {}}
+    for metric in WINDOW_METRICS:
+        vals = []
+        for w in windows:
+            v, _ci, _n = metric_value(w, metric, confidence=drift_cfg.confidence)
+            vals.append(_f(v))
+        out["metrics"][metric] = vals
+        base = _f(metric_value(used_baseline, metric)[0]) if used_baseline is not None else None
+        out["baseline"][metric] = base
+        out["threshold"][metric] = drift_cfg.threshold_for(metric)
+        if metric != "error_rate":
+            out["relative"][metric] = [(v / base - 1.0) if v is not None and base else None for v in vals]
+    return out
+
+
+# telemetry: stored series -> (key, reduction across GPUs / children)
+_SAMPLE_SERIES: dict[str, tuple[str, str, dict[str, str] | None]] = {
+    "memory_used_bytes": ("soakd_gpu_memory_used_bytes", "sum", None),
+    "memory_total_bytes": ("soakd_gpu_memory_total_bytes", "sum", None),
+    "power_watts": ("soakd_gpu_power_watts", "sum", None),
+    "power_limit_watts": ("soakd_gpu_power_limit_watts", "sum", None),
+    "temperature_celsius": ("soakd_gpu_temperature_celsius", "max", {"sensor": "gpu"}),
+    "memory_temperature_celsius": ("soakd_gpu_temperature_celsius", "max", {"sensor": "memory"}),
+    "sm_clock_hertz": ("soakd_gpu_sm_clock_hertz", "mean", None),
+    "sm_clock_max_hertz": ("soakd_gpu_sm_clock_max_hertz", "max", None),
+    "kv_cache_usage_ratio": ("soakd_server_kv_cache_usage_ratio", "mean", None),
+    "requests_running": ("soakd_server_requests_running", "sum", None),
+    "requests_waiting": ("soakd_server_requests_waiting", "sum", None),
+}
+DEVICE_KEYS = ("memory_used_bytes", "power_watts", "temperature_celsius", "sm_clock_hertz")
+SERVER_KEYS = ("kv_cache_usage_ratio",)
+
+
+def _samples_series(reader: StoreReader, run_id: str, run_start: float) -> tuple[dict[str, Any], int]:
+    per: dict[str, dict[int, float]] = {}
+    gpus: set[str] = set()
+    period = 60
+    loaded: dict[str, list[Any]] = {}
+    for key, (series, how, match) in _SAMPLE_SERIES.items():
+        rows = loaded.get(series)
+        if rows is None:
+            rows = loaded[series] = reader.load_samples(run_id, series)
+        acc: dict[int, list[float]] = {}
+        for r in rows:
+            if match and any(r.labels.get(k) != v for k, v in match.items()):
+                continue
+            if "gpu" in r.labels:
+                gpus.add(r.labels["gpu"])
+            acc.setdefault(int(r.t_minute), []).append(float(r.mean))
+        if acc:
+            per[key] = {t: sum(v) if how == "sum" else max(v) if how == "max" else sum(v) / len(v)
+                        for t, v in acc.items()}
+    minutes = sorted({t for d in per.values() for t in d})
+    if len(minutes) > 1:
+        period = max(1, min(b - a for a, b in zip(minutes, minutes[1:], strict=False)))
+    t = [m + period / 2 - run_start for m in minutes]
+    cols: dict[str, list[float | None]] = {k: [per[k].get(m) for m in minutes] for k in per}
+    t, cols = _with_gaps(*_downsample(t, cols, gap=2.5 * period), gap=2.5 * period)
+    return {"source": "samples", "period_seconds": period, "elapsed_seconds": t, "values": cols}, len(gpus)
+
+
+def _window_telemetry(windows: list[dict[str, Any]], run_start: float) -> dict[str, Any]:
+    paths = {
+        "memory_used_bytes": ("device", "memory_used_bytes", "mean"),
+        "power_watts": ("device", "power_watts", "mean"),
+        "temperature_celsius": ("device", "temperature_celsius", "max"),
+        "memory_temperature_celsius": ("device", "memory_temperature_celsius", "max"),
+        "sm_clock_hertz": ("device", "sm_clock_hertz", "mean"),
+        "kv_cache_usage_ratio": ("server", "kv_cache_usage_ratio", "mean"),
+        "requests_running": ("server", "requests_running", "mean"),
+        "requests_waiting": ("server", "requests_waiting", "mean"),
+    }
+    t = []
+    for w in windows:
+        s = _f(w.get("start_unix")) or run_start
+        t.append(s + (_f(w.get("wall_duration_seconds")) or _f(w.get("duration_seconds")) or 0.0) / 2 - run_start)
+    cols = {k: [_f(_get(w, *p)) for w in windows] for k, p in paths.items()}
+    mx = [_f(_get(w, "device", "sm_clock_max_hertz")) for w in windows]
+    if any(v is not None for v in mx):
+        cols["sm_clock_max_hertz"] = mx
+    cols = {k: v for k, v in cols.items() if any(x is not None for x in v)}
+    return {"source": "windows", "period_seconds": None, "elapsed_seconds": t, "values": cols}
+
+
+def _telemetry(reader: StoreReader, run_id: str, windows: list[dict[str, Any]], run_start: float) -> dict[str, Any]:
+    """Per-minute samples when the run has at least two minutes of them, else the window means."""
+    tel, n_gpus = _samples_series(reader, run_id, run_start)
+    if len(tel["elapsed_seconds"]) < 2:
+        wt = _window_telemetry(windows, run_start)
+        if len(wt["elapsed_seconds"]) >= len(tel["elapsed_seconds"]) and wt["values"]:
+            tel = wt
+    vals = tel["values"]
+    has_device = any(any(v is not None for v in vals.get(k, [])) for k in DEVICE_KEYS)
+    has_server = any(any(v is not None for v in vals.get(k, [])) for k in SERVER_KEYS)
+    notes = []
+    if not has_device:
+        notes.append("No device telemetry was recorded (no GPU visible to soakd: the NVML and dcgm-exporter "
+                     "samplers were off or never up), so device memory, power, temperature and SM clock are not "
+                     "charted.")
+    if not has_server:
+        notes.append("No KV-cache usage was recorded (the server's /metrics was not scraped or has no KV gauge), "
+                     "so KV usage is not charted.")
+    tel.update(device=has_device, server=has_server, gpus=n_gpus or None, notes=notes)
+    return tel
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def build_report(reader: StoreReader, run_id: str | None = None, *, generated_unix: float | None = None
+                 ) -> dict[str, Any]:
+    """The report of ``run_id`` (the newest run when None). Raises ReportError when there is none."""
+    run = reader.get_run(run_id) if run_id else reader.latest_run()
+    if run is None:
+        if run_id:
+            known = [r.id for r in reader.list_runs()[:10]]
+            raise ReportError(f"no run {run_id!r} in {reader.db}" + (
+                f"; runs: {', '.join(known)} (soakd report --list)" if known else "; it holds no runs"))
+        raise ReportError(f"{reader.db} holds no runs yet")
+    try:
+        config = redact(run.config)
+    except ValueError:
+        config = {}
+    drift_cfg = _drift_config(config)
+    segments = reader.load_segments(run.id)
+    windows = [_clean(w) for w in reader.load_windows(run.id)]
+    own, used, base_info = _baseline(reader.load_baseline(run.id), windows, config, drift_cfg)
+    own = _clean(own) if own is not None else None
+    events = reader.load_events(run.id)
+    findings, troubleshooting = _findings(events)
+
+    notes_by_window: dict[int, list[str]] = {}
+    for kind in ("drift", "leak", "throttle", "canary", "errors", "target"):
+        for ev in findings.get(kind, []):
+            if ev["window"] is None or ev["severity"] not in ("warning", "critical"):
+                continue
+            label = ev["diagnosis"] or kind
+            lst = notes_by_window.setdefault(ev["window"], [])
+            if label not in lst:
+                lst.append(label)
+    baseline_idx = base_info["window"] if base_info["source"] == "this run" else None
+    rows = [_window_row(w, baseline_idx, notes_by_window.get(w.get("window"), [])) for w in windows]
+
+    report: dict[str, Any] = {
+        "schema": REPORT_SCHEMA,
+        "generated_at": iso(generated_unix if generated_unix is not None else time.time()),
+        "generated_by": f"soakd {__version__}",
+        "run": _run_section(run, config, segments, windows, _server_kind(reader, run.id)),
+        "verdict": _verdict_section(run),
+        "baseline_window": base_info["window"],
+        "baseline_info": base_info,
+        "thresholds": {m: drift_cfg.threshold_for(m) for m in WINDOW_METRICS},
+        "min_requests": drift_cfg.min_requests,
+        "table": rows,
+        "findings": findings,
+        "troubleshooting": troubleshooting,
+        "series": {
+            "windows": _window_series(windows, used, drift_cfg, run.created_unix),
+            "telemetry": _telemetry(reader, run.id, windows, run.created_unix),
+        },
+        "windows": windows,
+    }
+    if own is not None:
+        report["baseline"] = own
+    return _clean(report)
