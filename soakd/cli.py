@@ -1,4 +1,4 @@
-"""Command line: ``soakd run | sim | demo | check | metrics``.
+"""Command line: ``soakd run | sim | demo | check | report | metrics``.
 
 Exit codes: 0 success, 1 failure, 2 usage or configuration error.
 """

@@ -81,6 +81,11 @@ TROUBLESHOOTING: dict[str, tuple[str, str]] = {
         "invalid responses (replacement characters, empty output, degenerate repetition)",
         "weights and quantisation, tokenizer, kernels of the new stack",
     ),
+    "output changed": (
+        "the canary prompt (greedy, fixed seed) answered differently from its reference output",
+        "weights and quantisation, tokenizer, kernels of the new stack; batch-variant kernels when it changes "
+        "only under load",
+    ),
     "server errors": (
         "HTTP or connection errors while the target is up",
         "API format differences, request limits (context length, max_tokens), server logs",

@@ -30,14 +30,6 @@ REPORT_SCHEMA = "soakd-report/1"
 FINDING_GROUPS = ("drift", "leak", "throttle", "canary", "errors", "target", "quiesce", "segment", "baseline")
 _GROUP_OF = {"canary_reference": "canary"}
 MAX_POINTS = 720  # time series are averaged down to this many points (a week at one per ~14 min)
-# Diagnoses that findings carry but the method's table (diagnosis.TROUBLESHOOTING) does not list.
-EXTRA_TROUBLESHOOTING: dict[str, tuple[str, str]] = {
-    "output changed": (
-        "the canary prompt (greedy, fixed seed) answered differently from its reference output",
-        "weights and quantisation, tokenizer, kernels of the new stack; batch-variant kernels when it changes "
-        "only under load",
-    ),
-}
 _SECRET_KEY = re.compile(r"(^|_)(api_?key|password|passwd|secret|token|authorization|bearer|credentials?)$", re.I)
 
 
@@ -359,7 +351,7 @@ def _findings(events: list[Any]) -> tuple[dict[str, list[dict[str, Any]]], list[
                 continue
             row = seen.get(d)
             if row is None:
-                what, check = TROUBLESHOOTING.get(d) or EXTRA_TROUBLESHOOTING.get(d, ("", ""))
+                what, check = TROUBLESHOOTING.get(d, ("", ""))
                 row = seen[d] = {"diagnosis": d, "seen": what, "check": check, "count": 0, "windows": [],
                                  "severity": ev["severity"], "kinds": []}
             row["count"] += 1
