@@ -241,6 +241,12 @@ class NvmlSamplerConfig(_Model):
     )
     interval: Duration | None = Field(None, gt=0, description="Sampling interval; default samplers.interval.")
 
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _yaml_booleans(cls, v: Any) -> Any:
+        # YAML 1.1 reads a bare on/off as true/false
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+
 
 class DcgmSamplerConfig(_Model):
     url: str | None = Field(

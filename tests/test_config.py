@@ -298,3 +298,11 @@ def test_simulator_key_in_config_is_masked(tmp_path: Path) -> None:
     assert SECRET not in dumped and "**********" in dumped
     assert cfg.sim.api_key is not None and cfg.sim.api_key.get_secret_value() == SECRET
     assert SECRET not in repr(cfg) and SECRET not in str(cfg)
+
+
+def test_yaml_off_is_the_nvml_mode_not_a_boolean(tmp_path):
+    """YAML 1.1 reads a bare `off` as false; `samplers.nvml.mode: off` still means off."""
+    f = tmp_path / "soak.yaml"
+    f.write_text("samplers:\n  nvml:\n    mode: off\n")
+    assert load_config(f, environ={}).samplers.nvml.mode == "off"
+    assert load_config(None, environ={"SOAKD_SAMPLERS__NVML__MODE": "on"}).samplers.nvml.mode == "on"
