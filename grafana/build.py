@@ -1,0 +1,530 @@
+#!/usr/bin/env python3
+"""Builds the Grafana dashboards in ``grafana/dashboards/`` (the JSON files are what ships).
+
+One place holds the selector every query shares and the panel boilerplate (the node-mixin idea:
+dashboards generated from one definition instead of hand-edited JSON), so every panel gets the
+``${datasource}`` reference, the ``$job``/``$namespace``/``$pod`` selector and a unit.
+
+    python grafana/build.py          # rewrite grafana/dashboards/*.json
+    python grafana/build.py --check  # exit 1 if a committed file differs from what this builds
+
+``tests/test_dashboards.py`` fails when the committed JSON is not what this script builds, and
+``tests/test_prometheus_e2e.py`` runs every query against a real Prometheus scraping a real soakd.
+Metric names come from ``soakd/metrics.py`` (CATALOGUE); ``soakd:*`` names from
+``deploy/prometheus/rules.yml``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "dashboards"
+
+DS = {"type": "prometheus", "uid": "${datasource}"}
+# soakd exports no namespace/pod labels: they come from Kubernetes service discovery (or static
+# target labels). `=~".*"` (the All value) also matches series without the label.
+TARGET = 'job=~"$job", namespace=~"$namespace", pod=~"$pod"'
+
+
+def sel(*extra: str) -> str:
+    return "{" + ", ".join((TARGET, *extra)) + "}"
+
+
+def m(metric: str, *extra: str) -> str:
+    """A vector selector: the metric with the shared target selector and extra matchers."""
+    return metric + sel(*extra)
+
+
+SC = 'scenario=~"$scenario"'
+GPU = 'gpu=~"$gpu"'
+PERF_REASONS = "sw_power_cap|hw_slowdown|sw_thermal|hw_thermal|hw_power_brake"
+
+
+# ---- panel helpers ---------------------------------------------------------------------------
+
+
+def target(expr: str, legend: str = "", *, instant: bool = False) -> dict[str, Any]:
+    return {"expr": expr, "legendFormat": legend or "__auto", "range": not instant, "instant": instant,
+            "editorMode": "code"}
+
+
+def thresholds(*steps: tuple[float | None, str]) -> dict[str, Any]:
+    return {"mode": "absolute", "steps": [{"color": c, "value": v} for v, c in steps]}
+
+
+GREEN = thresholds((None, "green"))
+DRIFT_LINES = thresholds((None, "red"), (-0.05, "green"), (0.05, "red"))  # lines at -5% and +5%
+
+
+def mapping(values: dict[int, tuple[str, str]]) -> list[dict[str, Any]]:
+    return [{"type": "value", "options": {
+        str(v): {"text": text, "color": color, "index": i} for i, (v, (text, color)) in enumerate(values.items())
+    }}]
+
+
+def timeseries(title: str, description: str, unit: str, targets: list[dict[str, Any]], *, w: int = 12,
+               h: int = 8, stack: bool = False, min_: float | None = None, max_: float | None = None,
+               th: dict[str, Any] | None = None, th_style: str = "off", axis: str = "", log: bool = False,
+               legend_calcs: tuple[str, ...] = ("lastNotNull", "max")) -> dict[str, Any]:
+    defaults: dict[str, Any] = {
+        "unit": unit,
+        "color": {"mode": "palette-classic"},
+        "thresholds": th or GREEN,
+        "custom": {
+            "drawStyle": "line", "lineWidth": 1, "fillOpacity": 20 if stack else 8, "showPoints": "never",
+            "spanNulls": False, "axisLabel": axis, "axisPlacement": "auto",
+            "stacking": {"mode": "normal" if stack else "none", "group": "A"},
+            "thresholdsStyle": {"mode": th_style},
+            "scaleDistribution": {"type": "log", "log": 10} if log else {"type": "linear"},
+        },
+    }
+    if min_ is not None:
+        defaults["min"] = min_
+    if max_ is not None:
+        defaults["max"] = max_
+    return {
+        "type": "timeseries", "title": title, "description": description, "_w": w, "_h": h,
+        "targets": targets, "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": {
+            "legend": {"showLegend": True, "displayMode": "table", "placement": "bottom",
+                       "calcs": list(legend_calcs)},
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        },
+    }
+
+
+def stat(title: str, description: str, unit: str, targets: list[dict[str, Any]], *, w: int = 4, h: int = 4,
+         mappings: list[dict[str, Any]] | None = None, th: dict[str, Any] | None = None,
+         color_mode: str = "value", graph: bool = True, decimals: int | None = None,
+         min_: float | None = None, max_: float | None = None) -> dict[str, Any]:
+    defaults: dict[str, Any] = {"unit": unit, "color": {"mode": "thresholds"}, "thresholds": th or GREEN,
+                                "mappings": mappings or []}
+    if decimals is not None:
+        defaults["decimals"] = decimals
+    if min_ is not None:
+        defaults["min"] = min_
+    if max_ is not None:
+        defaults["max"] = max_
+    return {
+        "type": "stat", "title": title, "description": description, "_w": w, "_h": h, "targets": targets,
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": {
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "colorMode": color_mode, "graphMode": "area" if graph else "none", "justifyMode": "auto",
+            "orientation": "auto", "textMode": "auto", "wideLayout": True, "showPercentChange": False,
+        },
+    }
+
+
+def state_timeline(title: str, description: str, targets: list[dict[str, Any]], mappings: list[dict[str, Any]],
+                   *, w: int = 12, h: int = 8, unit: str = "none") -> dict[str, Any]:
+    return {
+        "type": "state-timeline", "title": title, "description": description, "_w": w, "_h": h,
+        "targets": targets,
+        "fieldConfig": {"defaults": {
+            "unit": unit, "color": {"mode": "thresholds"}, "thresholds": GREEN, "mappings": mappings,
+            "custom": {"fillOpacity": 75, "lineWidth": 0},
+        }, "overrides": []},
+        "options": {"mergeValues": True, "showValue": "never", "alignValue": "left", "rowHeight": 0.85,
+                    "legend": {"showLegend": False, "displayMode": "list", "placement": "bottom"},
+                    "tooltip": {"mode": "single", "sort": "none"}},
+    }
+
+
+def bargauge(title: str, description: str, unit: str, targets: list[dict[str, Any]], *, w: int = 12, h: int = 8,
+             th: dict[str, Any] | None = None, min_: float | None = None,
+             max_: float | None = None) -> dict[str, Any]:
+    defaults: dict[str, Any] = {"unit": unit, "color": {"mode": "thresholds"}, "thresholds": th or GREEN}
+    if min_ is not None:
+        defaults["min"] = min_
+    if max_ is not None:
+        defaults["max"] = max_
+    return {
+        "type": "bargauge", "title": title, "description": description, "_w": w, "_h": h, "targets": targets,
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": {"orientation": "horizontal", "displayMode": "gradient", "showUnfilled": True,
+                    "valueMode": "color", "namePlacement": "auto", "sizing": "auto", "minVizHeight": 16,
+                    "minVizWidth": 8, "maxVizHeight": 300,
+                    "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}},
+    }
+
+
+def row(title: str) -> dict[str, Any]:
+    return {"type": "row", "title": title, "collapsed": False, "panels": []}
+
+
+# ---- dashboard assembly ----------------------------------------------------------------------
+
+
+def query_variable(name: str, label: str, query: str, *, include_all: bool = True) -> dict[str, Any]:
+    return {
+        "name": name, "label": label, "type": "query", "datasource": dict(DS),
+        "definition": query, "query": query, "refresh": 2, "sort": 1, "regex": "", "hide": 0,
+        "includeAll": include_all, "allValue": ".*", "multi": True,
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]}, "options": [],
+    }
+
+
+def variables(extra: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
+         "refresh": 1, "regex": "", "hide": 0, "includeAll": False, "multi": False, "current": {}, "options": []},
+        query_variable("job", "Job", "label_values(soakd_build_info, job)"),
+        query_variable("namespace", "Namespace", 'label_values(soakd_build_info{job=~"$job"}, namespace)'),
+        query_variable("pod", "Pod", 'label_values(soakd_build_info{job=~"$job", namespace=~"$namespace"}, pod)'),
+        *extra,
+    ]
+
+
+def annotation(name: str, expr: str, title: str, text: str, color: str, tags: str) -> dict[str, Any]:
+    return {"name": name, "datasource": dict(DS), "enable": True, "hide": False, "iconColor": color,
+            "expr": expr, "step": "1m", "titleFormat": title, "textFormat": text, "tagKeys": tags,
+            "useValueForTime": False}
+
+
+def layout(panels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Assign ids and gridPos left to right, wrapping at 24 columns; rows span the width."""
+    out, x, y, line_h = [], 0, 0, 0
+    for i, p in enumerate(panels, start=1):
+        p = dict(p)
+        if p["type"] == "row":
+            if x:
+                y, x, line_h = y + line_h, 0, 0
+            p["gridPos"] = {"h": 1, "w": 24, "x": 0, "y": y}
+            p["id"] = i
+            y += 1
+            out.append(p)
+            continue
+        w, h = p.pop("_w"), p.pop("_h")
+        if x + w > 24:
+            y, x, line_h = y + line_h, 0, 0
+        p["gridPos"] = {"h": h, "w": w, "x": x, "y": y}
+        p["id"] = i
+        p["datasource"] = dict(DS)
+        p["targets"] = [dict(t, refId=chr(ord("A") + n), datasource=dict(DS)) for n, t in enumerate(p["targets"])]
+        x, line_h = x + w, max(line_h, h)
+        out.append(p)
+    return out
+
+
+def dashboard(uid: str, title: str, description: str, panels: list[dict[str, Any]],
+              extra_vars: list[dict[str, Any]], annotations: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "uid": uid, "title": title, "description": description, "tags": ["soakd"],
+        "editable": True, "graphTooltip": 1, "schemaVersion": 39, "version": 1, "refresh": "30s",
+        "time": {"from": "now-12h", "to": "now"}, "timepicker": {}, "timezone": "browser",
+        "fiscalYearStartMonth": 0, "liveNow": False, "weekStart": "",
+        "links": [{"title": "soakd dashboards", "type": "dashboards", "tags": ["soakd"], "asDropdown": False,
+                   "includeVars": True, "keepTime": True, "icon": "external link", "targetBlank": False,
+                   "tooltip": "", "url": ""}],
+        "annotations": {"list": annotations},
+        "templating": {"list": variables(extra_vars)},
+        "panels": layout(panels),
+    }
+
+
+# ---- soakd / Overview --------------------------------------------------------------------------
+
+UP_DOWN = mapping({0: ("DOWN", "red"), 1: ("UP", "green")})
+YES_NO = mapping({0: ("no", "green"), 1: ("yes", "orange")})
+
+
+def latency_panel(title: str, hist: str, what: str) -> dict[str, Any]:
+    return timeseries(
+        title,
+        f"{what} by scenario: p50, p95 and p99 over 5-minute rates of the soakd_{hist} histogram "
+        f"(recording rules soakd:{hist}:pNN_rate5m). Successful, measured requests only.",
+        "s",
+        [target(f"soakd:{hist}:p{q}_rate5m{sel(SC)}", f"{{{{scenario}}}} p{q}") for q in (50, 95, 99)],
+        w=8, min_=0, legend_calcs=("lastNotNull", "max"),
+    )
+
+
+def overview() -> dict[str, Any]:
+    panels = [
+        row("Run"),
+        stat("Progress", "Elapsed share of the configured soak duration.", "percentunit",
+             [target(f"soakd_soak_progress_ratio{sel()}", "{{pod}}")], w=4, min_=0, max_=1),
+        stat("Elapsed", "Time since the soak started sending load.", "dtdurations",
+             [target(f"soakd_soak_elapsed_seconds{sel()}", "{{pod}}")], w=3, graph=False),
+        stat("Window", "Index of the current analysis window (0 = first window after warm-up; -1 during warm-up).",
+             "none", [target(f"soakd_window_index{sel()}", "{{pod}}")], w=3, graph=False, decimals=0),
+        stat("Verdict", "PASS while no finding fails the run (analysis.verdict.fail_on); FAIL once one does.",
+             "none", [target(f"soakd_verdict_pass{sel()}", "{{pod}}")], w=3, graph=False, color_mode="background",
+             mappings=mapping({0: ("FAIL", "red"), 1: ("PASS", "green")})),
+        stat("Target", "Whether the inference server answers (soakd_target_up).", "none",
+             [target(f"soakd_target_up{sel()}", "{{pod}}")], w=3, graph=False, color_mode="background",
+             mappings=UP_DOWN),
+        stat("Warm-up", "Warm-up requests are excluded from every statistic.", "none",
+             [target(f"soakd_warmup_active{sel()}", "{{pod}}")], w=3, graph=False,
+             mappings=mapping({0: ("done", "green"), 1: ("warming up", "blue")})),
+        stat("In flight", "Requests sent and not yet finished.", "short",
+             [target(f"soakd_requests_in_flight{sel()}", "{{pod}}")], w=5),
+        bargauge("Findings by kind", "Findings raised so far, by kind and severity (soakd_findings_total). "
+                 "Details: the `finding` log lines and the run report.", "short",
+                 [target(f"sum by (kind, severity) (soakd_findings_total{sel()})", "{{kind}} {{severity}}",
+                         instant=True)],
+                 w=8, h=8, min_=0, th=thresholds((None, "green"), (1, "orange"))),
+        bargauge("Stability spread", "The method's stability figure: (max - min) / median of each tracked "
+                 "quantity over all full windows so far; the method calls a run stable within 5%.",
+                 "percentunit", [target(f"soakd_stability_spread_ratio{sel()}", "{{metric}}", instant=True)],
+                 w=8, h=8, min_=0, th=thresholds((None, "green"), (0.05, "red"))),
+        timeseries("Window requests", "Measured requests in the last closed window; a window below "
+                   "analysis.drift.min_requests is insufficient (shown, never flagged).", "short",
+                   [target(f"soakd_window_requests{sel()}", "requests {{pod}}"),
+                    target(f"soakd_window_insufficient{sel()}", "insufficient {{pod}}")], w=8, min_=0),
+
+        row("Latency (5-minute quantiles from the histograms)"),
+        latency_panel("End-to-end latency", "request_duration_seconds", "End-to-end request latency"),
+        latency_panel("Time to first token", "time_to_first_token_seconds", "Time to first token"),
+        latency_panel("Inter-token latency", "inter_token_latency_seconds", "Gaps between streamed tokens"),
+        timeseries("Window quantiles (analysis)",
+                   "p50/p95 of the last closed window from soakd's own sketches (1% relative error) — the "
+                   "values drift is judged on. Steps at each window close.", "s",
+                   [target(m("soakd_window_value", 'metric=~"(e2e|ttft|itl)_p.*"'),
+                           "{{metric}}")], w=12, log=True),
+        timeseries("Mean latency", "Mean end-to-end latency and TTFT by scenario (histogram sum / count over "
+                   "the rate interval).", "s",
+                   [target(f"rate(soakd_request_duration_seconds_sum{sel(SC)}[$__rate_interval]) / "
+                           f"rate(soakd_request_duration_seconds_count{sel(SC)}[$__rate_interval])",
+                           "{{scenario}} e2e"),
+                    target(f"rate(soakd_time_to_first_token_seconds_sum{sel(SC)}[$__rate_interval]) / "
+                           f"rate(soakd_time_to_first_token_seconds_count{sel(SC)}[$__rate_interval])",
+                           "{{scenario}} ttft")], w=12, min_=0),
+
+        row("Throughput and errors"),
+        timeseries("Requests/s by scenario", "Measured requests per second (all outcomes), 5-minute rate "
+                   "(soakd:requests:rate5m).", "reqps",
+                   [target(f"soakd:requests:rate5m{sel(SC)}", "{{scenario}}")], w=8, stack=True, min_=0),
+        timeseries("Tokens/s by scenario", "Completion (output) tokens per second by scenario, and prompt tokens "
+                   "per second in total (5-minute rates).", "short",
+                   [target(f"soakd:completion_tokens:rate5m{sel(SC)}", "{{scenario}} output"),
+                    target(f"sum by (job, namespace, pod) (soakd:prompt_tokens:rate5m{sel(SC)})", "prompt (all)")],
+                   w=8, min_=0, axis="tokens/s"),
+        timeseries("Output tokens/s (analysis windows)", "Output tokens/s and requests/s of the last closed "
+                   "window (what throughput drift is judged on).", "short",
+                   [target(m("soakd_window_value", 'metric=~"output_tokens_per_second|requests_per_second"'),
+                           "{{metric}}")], w=8, min_=0, axis="per second"),
+        timeseries("Errors by outcome", "Failed measured requests per second by outcome (http_error, timeout, "
+                   "connection_error, invalid_response, cancelled).", "reqps",
+                   [target("sum by (outcome) (rate(" + m("soakd_requests_total", SC, 'outcome!="ok"')
+                           + "[$__rate_interval]))", "{{outcome}}")], w=8, stack=True, min_=0),
+        timeseries("Failures by reason", "Failed measured requests per second by bounded reason (http_5xx, "
+                   "first_token_timeout, truncated_stream, garbled_output, ...).", "reqps",
+                   [target(f"sum by (reason) (rate(soakd_request_failures_total{sel(SC)}[$__rate_interval]))",
+                           "{{reason}}")], w=8, stack=True, min_=0),
+        timeseries("Error ratio vs budget", "Share of measured requests that failed over 5 minutes "
+                   "(soakd:request_error_ratio:rate5m); the line is the default 1% error budget.", "percentunit",
+                   [target(f"soakd:request_error_ratio:rate5m{sel()}", "error ratio {{pod}}")], w=8, min_=0,
+                   th=thresholds((None, "green"), (0.01, "red")), th_style="dashed"),
+
+        row("Drift (per window, against the baseline and the previous window)"),
+        timeseries("Drift vs baseline", "Signed relative change of each tracked quantity of the last closed window "
+                   "against the baseline window (error_rate: difference of ratios). Dashed lines: ±5%. "
+                   "A value beyond them is flagged only when its 95% interval is beyond them too.", "percentunit",
+                   [target(m("soakd_drift_ratio", 'reference="baseline"'),
+                           "{{metric}}")], w=12, h=9, th=DRIFT_LINES, th_style="dashed",
+                   legend_calcs=("lastNotNull", "min", "max")),
+        timeseries("Drift vs previous window", "Signed relative change of each tracked quantity against the "
+                   "previous window: steps and periodic dips (cooling, power management, scheduling). "
+                   "Dashed lines: ±5%.", "percentunit",
+                   [target(m("soakd_drift_ratio", 'reference="previous"'),
+                           "{{metric}}")], w=12, h=9, th=DRIFT_LINES, th_style="dashed",
+                   legend_calcs=("lastNotNull", "min", "max")),
+        state_timeline("Drift detected", "Per tracked quantity: 1 while the last closed window drifts beyond the "
+                       "threshold against the baseline, with confidence (soakd_drift_detected).",
+                       [target(f"soakd_drift_detected{sel()}", "{{metric}}")],
+                       mapping({0: ("stable", "green"), 1: ("drift", "red")}), w=12),
+        timeseries("Drift events", "Windows flagged as drifted, by metric (increase of soakd_drift_events_total "
+                   "over the last hour).", "short",
+                   [target(f"increase(soakd_drift_events_total{sel()}[1h])", "{{metric}}")], w=12, min_=0),
+
+        row("soakd itself"),
+        state_timeline("Samplers", "1 while the sampler's last run succeeded (soakd_sampler_up).",
+                       [target(f"soakd_sampler_up{sel()}", "{{sampler}} {{pod}}")], UP_DOWN, w=8),
+        timeseries("Sampler duration", "Duration of each sampler's last run.", "s",
+                   [target(f"soakd_sampler_duration_seconds{sel()}", "{{sampler}}")], w=8, min_=0),
+        timeseries("soakd resources", "soakd's own resident memory (must stay flat over the soak) and CPU "
+                   "(cores, right axis).", "bytes",
+                   [target(f"soakd_self_resident_memory_bytes{sel()}", "RSS {{pod}}"),
+                    target(f"rate(soakd_self_cpu_seconds_total{sel()}[$__rate_interval])", "CPU {{pod}}")],
+                   w=8, min_=0),
+        timeseries("Canary", "Canary requests (a fixed prompt at temperature 0) and outputs that differed from the "
+                   "run's first canary output, over the last hour.", "short",
+                   [target(f"increase(soakd_canary_checks_total{sel()}[1h])", "checks"),
+                    target(f"increase(soakd_canary_mismatch_total{sel()}[1h])", "mismatches"),
+                    target(f"increase(soakd_canary_errors_total{sel()}[1h])", "errors")], w=12, min_=0),
+        timeseries("Late sends", "Open loop: sends that left more than 10 ms after their scheduled time "
+                   "(max_in_flight reached or soakd fell behind).", "ops",
+                   [target(f"rate(soakd_late_sends_total{sel()}[$__rate_interval])", "late sends {{pod}}")],
+                   w=12, min_=0),
+    ]
+    # soakd resources: CPU on the right axis, in cores
+    res = next(p for p in panels if p.get("title") == "soakd resources")
+    res["fieldConfig"]["overrides"] = [{
+        "matcher": {"id": "byFrameRefID", "options": "B"},
+        "properties": [{"id": "unit", "value": "short"}, {"id": "custom.axisPlacement", "value": "right"},
+                       {"id": "custom.axisLabel", "value": "CPU cores"}],
+    }]
+    annotations = [
+        annotation("Drift events", f"changes(soakd_drift_events_total{sel()}[2m]) > 0", "drift: {{metric}}",
+                   "soakd flagged {{metric}} as drifted against the baseline window ({{pod}})", "orange",
+                   "metric,pod"),
+        annotation("Throttling", f"soakd_throttle_detected{sel()} == 1", "throttling",
+                   "a performance-relevant clocks-event reason was active beyond its share of the window ({{pod}})",
+                   "red", "pod"),
+        annotation("Leak suspected", f"soakd_memory_leak_suspected{sel()} == 1", "leak suspected: {{source}}",
+                   "memory growth of {{source}} is significant and projects beyond its budget ({{pod}})",
+                   "purple", "source,pod"),
+        annotation("Target down", f"soakd_target_up{sel()} == 0", "target down",
+                   "the inference server did not answer ({{pod}})", "dark-red", "pod"),
+    ]
+    scenario = query_variable("scenario", "Scenario",
+                              f"label_values(soakd_requests_total{sel()}, scenario)")
+    return dashboard(
+        "soakd-overview", "soakd / Overview",
+        "soakd soak run: progress and verdict, latency and throughput by scenario, errors, and drift per "
+        "analysis window against the baseline and the previous window.",
+        panels, [scenario], annotations,
+    )
+
+
+# ---- soakd / Device ----------------------------------------------------------------------------
+
+
+def device() -> dict[str, Any]:
+    g = sel(GPU)
+    panels = [
+        row("GPU"),
+        timeseries("GPU memory", "Device memory used and capacity, and memory used at idle in the last quiesce "
+                   "probe (the floor a leak raises).", "bytes",
+                   [target(f"soakd_gpu_memory_used_bytes{g}", "used GPU {{gpu}}"),
+                    target(f"soakd_gpu_memory_total_bytes{g}", "total GPU {{gpu}}"),
+                    target(f"soakd_quiesce_gpu_memory_used_bytes{sel()}", "used at idle (quiesce)")], min_=0),
+        timeseries("Utilisation", "Share of the sample period a kernel ran, and device memory was read or "
+                   "written.", "percentunit",
+                   [target(f"soakd_gpu_utilization_ratio{g}", "compute GPU {{gpu}}"),
+                    target(f"soakd_gpu_memory_utilization_ratio{g}", "memory GPU {{gpu}}")], min_=0, max_=1),
+        timeseries("Power", "Power draw, enforced limit, and mean power from the energy counter over the rate "
+                   "interval.", "watt",
+                   [target(f"soakd_gpu_power_watts{g}", "draw GPU {{gpu}}"),
+                    target(f"soakd_gpu_power_limit_watts{g}", "limit GPU {{gpu}}"),
+                    target(f"rate(soakd_gpu_energy_joules_total{g}[$__rate_interval])", "mean GPU {{gpu}}")],
+                   w=8, min_=0),
+        timeseries("Energy per output token", "Joules per completion token: all GPUs' energy over completion "
+                   "tokens (5-minute rates, soakd:energy_per_completion_token_joules:rate5m), and the last "
+                   "closed window's value (analysis).", "joule",
+                   [target(f"soakd:energy_per_completion_token_joules:rate5m{sel()}", "5m {{pod}}"),
+                    target(m("soakd_window_value", 'metric="energy_per_token"'),
+                           "window {{pod}}")], w=8, min_=0),
+        timeseries("Temperature", "Temperature by sensor.", "celsius",
+                   [target(f"soakd_gpu_temperature_celsius{g}", "GPU {{gpu}} {{sensor}}")], w=8),
+        timeseries("SM clock", "Current and maximum SM clock: a drop below the maximum under load is throttling.",
+                   "hertz",
+                   [target(f"soakd_gpu_sm_clock_hertz{g}", "SM GPU {{gpu}}"),
+                    target(f"soakd_gpu_sm_clock_max_hertz{g}", "SM max GPU {{gpu}}")], w=12, min_=0),
+        timeseries("Memory clock", "Current and maximum memory clock.", "hertz",
+                   [target(f"soakd_gpu_memory_clock_hertz{g}", "mem GPU {{gpu}}"),
+                    target(f"soakd_gpu_memory_clock_max_hertz{g}", "mem max GPU {{gpu}}")], w=12, min_=0),
+
+        row("Throttling"),
+        state_timeline("Throttle reasons", "Clocks-event (throttle) reasons NVML reports active, per GPU; the "
+                       "performance-relevant ones are sw_power_cap, hw_slowdown, sw_thermal, hw_thermal and "
+                       "hw_power_brake.",
+                       [target(m("soakd_gpu_clocks_event_active", GPU, 'reason!="idle"'),
+                               "GPU {{gpu}} {{reason}}")],
+                       mapping({0: ("inactive", "transparent"), 1: ("active", "red")}), w=12, h=9),
+        timeseries("Throttle time by reason", "Share of time the GPU was held below its clocks, by reason (rate of "
+                   "NVML violation counters).", "percentunit",
+                   [target(f"rate(soakd_gpu_throttle_seconds_total{g}[$__rate_interval])", "GPU {{gpu}} {{reason}}")],
+                   w=12, h=9, min_=0),
+        timeseries("Throttle share per window", "Share of the last closed window's device samples with each "
+                   "reason active; beyond 10% (the line) a performance-relevant reason sets "
+                   "soakd_throttle_detected.", "percentunit",
+                   [target(m("soakd_throttle_share_ratio", f'reason=~"{PERF_REASONS}"'),
+                           "{{reason}}"),
+                    target(f"soakd_throttle_detected{sel()}", "throttle detected {{pod}}")], w=12, min_=0, max_=1,
+                   th=thresholds((None, "green"), (0.1, "red")), th_style="dashed"),
+        timeseries("Reliability", "Critical Xid events and ECC errors (increase over the last hour), remapped rows.",
+                   "short",
+                   [target(f"increase(soakd_gpu_xid_errors_total{g}[1h])", "Xid GPU {{gpu}}"),
+                    target(f"increase(soakd_gpu_ecc_errors_total{g}[1h])", "ECC {{kind}} GPU {{gpu}}"),
+                    target(f"soakd_gpu_remapped_rows{g}", "remapped {{kind}} GPU {{gpu}}")], w=12, min_=0),
+
+        row("Inference server"),
+        timeseries("KV-cache usage", "KV-cache usage under load (server gauge) and measured idle in the last "
+                   "quiesce probe: idle usage that grows from probe to probe is a KV cache not released.",
+                   "percentunit",
+                   [target(f"soakd_server_kv_cache_usage_ratio{sel()}", "under load {{pod}}"),
+                    target(f"soakd_quiesce_kv_cache_usage_ratio{sel()}", "idle (quiesce) {{pod}}")],
+                   w=8, min_=0, max_=1),
+        timeseries("Running and waiting", "Requests the server runs and queues, and soakd's requests in flight.",
+                   "short",
+                   [target(f"soakd_server_requests_running{sel()}", "running {{pod}}"),
+                    target(f"soakd_server_requests_waiting{sel()}", "waiting {{pod}}"),
+                    target(f"soakd_requests_in_flight{sel()}", "soakd in flight {{pod}}")], w=8, min_=0),
+        timeseries("Preemptions", "Requests the server preempted (or retracted) per second: KV-cache pressure.",
+                   "ops", [target(f"rate(soakd_server_preemptions_total{sel()}[$__rate_interval])",
+                                  "preemptions {{pod}}")], w=8, min_=0),
+
+        row("Leaks"),
+        timeseries("Memory growth per hour", "Robust (Theil–Sen) growth across windows, bytes per hour, by "
+                   "source (device_memory, target_gpu_memory, target_rss).", "bytes",
+                   [target(f"soakd_memory_growth_bytes_per_hour{sel()}", "{{source}} / h")], w=8),
+        timeseries("KV-cache growth per hour", "Robust growth of KV-cache usage across windows (share of capacity "
+                   "per hour): kv_cache under load, kv_residue idle.", "percentunit",
+                   [target(f"soakd_kv_cache_growth_ratio_per_hour{sel()}", "{{source}} / h")], w=8),
+        state_timeline("Leak suspected", "1 when growth is significant and projects beyond the budget, by source.",
+                       [target(f"soakd_memory_leak_suspected{sel()}", "{{source}} {{pod}}")],
+                       mapping({0: ("no", "green"), 1: ("suspected", "red")}), w=8),
+    ]
+    gpu = query_variable("gpu", "GPU", f"label_values(soakd_gpu_info{sel()}, gpu)")
+    annotations = [
+        annotation("Throttling", f"soakd_throttle_detected{sel()} == 1", "throttling",
+                   "a performance-relevant clocks-event reason was active beyond its share of the window ({{pod}})",
+                   "red", "pod"),
+        annotation("Leak suspected", f"soakd_memory_leak_suspected{sel()} == 1", "leak suspected: {{source}}",
+                   "memory growth of {{source}} is significant and projects beyond its budget ({{pod}})",
+                   "purple", "source,pod"),
+        annotation("Drift events", f"changes(soakd_drift_events_total{sel()}[2m]) > 0", "drift: {{metric}}",
+                   "soakd flagged {{metric}} as drifted against the baseline window ({{pod}})", "orange",
+                   "metric,pod"),
+    ]
+    return dashboard(
+        "soakd-device", "soakd / Device",
+        "The device and the inference server under a soakd run: GPU memory, utilisation, power and energy per "
+        "token, temperature, clocks and throttle reasons, KV cache, queue, and leak growth.",
+        panels, [gpu], annotations,
+    )
+
+
+DASHBOARDS = {"soakd-overview.json": overview, "soakd-device.json": device}
+
+
+def render(build: Any) -> str:
+    return json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    check = "--check" in argv
+    stale = []
+    OUT.mkdir(parents=True, exist_ok=True)
+    for name, build in DASHBOARDS.items():
+        path, text = OUT / name, render(build)
+        if check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(name)
+        else:
+            path.write_text(text)
+    if stale:
+        print(f"out of date: {', '.join(stale)} (run: python grafana/build.py)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,183 @@
+"""Alert and recording rules (deploy/prometheus/) and their runbooks (docs/runbooks.md).
+
+promtool (Debian's prometheus package; ``make test`` installs it) checks the rules and the
+example configuration and runs the rule unit tests in deploy/prometheus/tests/; those tests are
+skipped, with the reason, only where promtool is absent. The static checks always run: every alert
+has a severity, a summary, a templated description and a runbook_url whose anchor exists, a
+firing and a silent promtool case, and every name it uses exists in the metric catalogue.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from test_dashboards import (
+    METRIC_NAME,
+    PROMETHEUS_DIR,
+    RECORDED_NAME,
+    REPO,
+    RULE_FILES,
+    catalogue,
+    load_rules,
+    recorded_names,
+    selector_problems,
+)
+
+RUNBOOKS = REPO / "docs" / "runbooks.md"
+RUNBOOK_BASE = "https://github.com/soakd/soakd/blob/main/docs/runbooks.md#"
+RULE_TESTS = sorted((PROMETHEUS_DIR / "tests").glob("*.yml"))
+
+# The issue's list, by the name each alert has here.
+REQUIRED_ALERTS = {
+    "SoakdDriftDetected",          # drift detected (by metric)
+    "SoakdLatencyP95Drift",        # p95 latency drift
+    "SoakdThroughputDrop",         # throughput drop
+    "SoakdGPUThrottling",          # GPU throttling (by reason, with for:)
+    "SoakdMemoryLeakSuspected",    # device-memory leak suspected
+    "SoakdKVCacheNotReleased",     # KV cache not released
+    "SoakdTargetDown",             # target down
+    "SoakdErrorRateAboveBudget",   # error rate above budget
+    "SoakdStalled",                # soak stalled (no completed requests)
+    "SoakdSamplerDown",            # sampler down
+    "SoakdCanaryMismatch",         # canary mismatch
+}
+
+
+def alerts() -> list[dict[str, Any]]:
+    return [r for r in load_rules() if "alert" in r]
+
+
+def github_anchor(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading: lower case, punctuation dropped, spaces to dashes."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def runbook_anchors() -> dict[str, str]:
+    """anchor -> section text, for every ## heading of docs/runbooks.md."""
+    text = RUNBOOKS.read_text()
+    sections = re.split(r"^## (.+)$", text, flags=re.MULTILINE)
+    return {github_anchor(sections[i]): sections[i + 1] for i in range(1, len(sections), 2)}
+
+
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.skip("promtool not found: install Debian's prometheus package (make system-deps / make test)")
+    return path
+
+
+def run(cmd: list[str], cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+# ---- promtool ----------------------------------------------------------------------------------
+
+
+def test_promtool_check_rules(promtool: str) -> None:
+    out = run([promtool, "check", "rules", *map(str, RULE_FILES)])
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("SUCCESS") == len(RULE_FILES)
+
+
+def test_promtool_check_config(promtool: str) -> None:
+    out = run([promtool, "check", "config", str(PROMETHEUS_DIR / "prometheus.yml")])
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "2 rule files found" in out.stdout
+
+
+def test_promtool_test_rules(promtool: str) -> None:
+    assert RULE_TESTS, "no rule tests in deploy/prometheus/tests/"
+    out = run([promtool, "test", "rules", *map(str, RULE_TESTS)])
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "FAILED" not in out.stdout and out.stdout.count("SUCCESS") == len(RULE_TESTS)
+
+
+# ---- static --------------------------------------------------------------------------------------
+
+
+def test_required_alerts_exist() -> None:
+    names = [a["alert"] for a in alerts()]
+    assert len(names) == len(set(names)), "duplicate alert names"
+    assert REQUIRED_ALERTS <= set(names), REQUIRED_ALERTS - set(names)
+
+
+def test_every_alert_has_metadata_and_a_runbook() -> None:
+    anchors = runbook_anchors()
+    for a in alerts():
+        name = a["alert"]
+        assert a["labels"]["severity"] in ("critical", "warning"), name
+        ann = a["annotations"]
+        assert set(ann) >= {"summary", "description", "runbook_url"}, name
+        assert ann["summary"].strip() and "{{" in ann["description"], f"{name}: description without values"
+        assert ann["runbook_url"] == RUNBOOK_BASE + name.lower(), f"{name}: {ann['runbook_url']}"
+        section = anchors.get(name.lower())
+        assert section is not None, f"docs/runbooks.md has no section '## {name}'"
+        assert "**Means.**" in section and "**Check" in section and "```promql" in section, name
+    # no runbook section without its alert
+    assert {n.lower() for n in (a["alert"] for a in alerts())} == {k for k in anchors if k.startswith("soakd")}
+
+
+def test_throttling_alert_is_by_reason_with_for() -> None:
+    from soakd.analysis.throttle import PERFORMANCE_REASONS
+
+    (rule,) = [a for a in alerts() if a["alert"] == "SoakdGPUThrottling"]
+    assert rule.get("for") and "$labels.reason" in rule["annotations"]["summary"]
+    (reasons,) = re.findall(r'reason=~"([^"]+)"', rule["expr"])
+    assert set(reasons.split("|")) == set(PERFORMANCE_REASONS), "the reasons soakd's throttle detector judges"
+
+
+def test_values_are_in_the_descriptions() -> None:
+    """Alerts whose value is a measurement (not a 0/1 state) print it."""
+    for a in alerts():
+        if a["alert"] in ("SoakdTargetDown", "SoakdSamplerDown", "SoakdStalled", "SoakdDown"):
+            continue  # the value is the 0 of a state; the description names the target and the duration
+        assert "$value" in a["annotations"]["description"], a["alert"]
+
+
+def test_names_exist_in_the_catalogue() -> None:
+    names, recorded = catalogue(), recorded_names()
+    problems = []
+    for path in RULE_FILES:
+        for metric in set(METRIC_NAME.findall(path.read_text())):
+            if metric not in names:
+                problems.append(f"{path.name}: {metric} is not in the metric catalogue")
+    for rule in load_rules():
+        problems += selector_problems(rule.get("alert") or rule["record"], rule["expr"], names, recorded)
+    for metric in set(METRIC_NAME.findall(RUNBOOKS.read_text())):
+        if metric not in names:
+            problems.append(f"docs/runbooks.md: {metric} is not in the metric catalogue")
+    for name in set(RECORDED_NAME.findall(RUNBOOKS.read_text())):
+        if name not in recorded:
+            problems.append(f"docs/runbooks.md: {name} is not a recording rule")
+    assert not problems, "\n".join(problems)
+
+
+def test_recording_rule_names() -> None:
+    for rule in load_rules():
+        if "record" in rule:
+            assert re.fullmatch(r"soakd:[a-z0-9_]+:[a-z0-9_]+", rule["record"]), rule["record"]
+            assert ":" not in rule["expr"].replace("soakd:", ""), f"{rule['record']} reads another recorded series"
+        else:
+            assert re.fullmatch(r"Soakd[A-Za-z0-9]+", rule["alert"])
+
+
+def test_every_alert_has_a_firing_and_a_silent_case() -> None:
+    firing: set[str] = set()
+    silent: set[str] = set()
+    for path in RULE_TESTS:
+        spec = yaml.safe_load(path.read_text())
+        assert {Path(f).name for f in spec["rule_files"]} == {p.name for p in RULE_FILES}, path
+        for case in spec["tests"]:
+            for t in case.get("alert_rule_test", []):
+                (firing if t.get("exp_alerts") else silent).add(t["alertname"])
+    names = {a["alert"] for a in alerts()}
+    assert names <= firing, f"no firing case for {sorted(names - firing)}"
+    assert names <= silent, f"no silent case for {sorted(names - silent)}"
