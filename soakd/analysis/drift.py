@@ -33,7 +33,6 @@ near-constant period (cooling, power management, scheduling).
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -41,6 +40,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from soakd.analysis.stats import (
+    as_float,
     difference_ci,
     energy_per_token_ci,
     rate_ci,
@@ -251,14 +251,7 @@ def _as_ci(v: Any) -> CI | None:
     return float(lo), float(hi)
 
 
-def _num(v: Any) -> float | None:
-    if v is None or isinstance(v, bool):
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(f) else f
+_num = as_float
 
 
 def metric_value(

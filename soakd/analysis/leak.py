@@ -40,7 +40,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from soakd.analysis.stats import z_value
+from soakd.analysis.stats import as_float, z_value
 
 __all__ = [
     "LEAK_SOURCES",
@@ -241,14 +241,7 @@ class LeakResult:
         return d
 
 
-def _num(v: Any) -> float | None:
-    if v is None or isinstance(v, bool):
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
+_num = as_float
 
 
 def _source_value(window: Window, source: str) -> float | None:

@@ -84,6 +84,17 @@ EXACT_BINOMIAL_MAX_N = 1_000_000  # above this the normal approximation of the r
 CI = tuple[float, float]
 
 
+
+def as_float(v: Any) -> float | None:
+    """A finite float from a window-summary value, or None (missing, boolean, NaN, infinite, junk)."""
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
 def z_value(confidence: float) -> float:
     """Two-sided standard-normal quantile: 1.96 for 0.95."""
     if not 0.0 < confidence < 1.0:

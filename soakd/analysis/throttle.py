@@ -13,13 +13,13 @@ the device's maximum), the maximum GPU and memory temperature and the mean/max p
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from soakd.samplers.reasons import CLOCKS_EVENT_REASON_NAMES
+from soakd.analysis.stats import as_float
 
 __all__ = [
     "PERFORMANCE_REASONS",
@@ -105,14 +105,7 @@ class ThrottleResult:
         return asdict(self)
 
 
-def _num(v: Any) -> float | None:
-    if v is None or isinstance(v, bool):
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
+_num = as_float
 
 
 def evaluate(window: Window, baseline: Window | None = None, cfg: ThrottleConfig | None = None) -> list[ThrottleResult]:

@@ -22,6 +22,7 @@ from soakd import __version__
 from soakd.analysis.diagnosis import TROUBLESHOOTING
 from soakd.analysis.drift import DriftConfig, baseline_from_report, choose_baseline, metric_value
 from soakd.store import SegmentRow, StoreReader, segment_gaps
+from soakd.analysis.stats import as_float
 
 __all__ = ["FINDING_GROUPS", "REPORT_SCHEMA", "ReportError", "build_report"]
 
@@ -41,14 +42,7 @@ class ReportError(Exception):
 # small helpers
 
 
-def _f(v: Any) -> float | None:
-    if v is None or isinstance(v, bool):
-        return None
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
+_f = as_float
 
 
 def _get(d: Any, *path: str) -> Any:
