@@ -15,10 +15,10 @@ from soakd.store import StoreReader
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 
-def _args(url: str, state: Path, *extra: str, cfg_dir: Path | None = None) -> list[str]:
+def _args(url: str, state: Path, *extra: str, cfg_dir: Path | None = None, yaml_extra: str = "") -> list[str]:
     cfg = (cfg_dir or state.parent) / "soak.yaml"
     # short outputs so a 1 s window holds enough requests (>= 50) to choose a baseline
-    cfg.write_text("scenarios:\n  short_chat:\n    max_tokens: 8\n    prompt_tokens: 32\n")
+    cfg.write_text("scenarios:\n  short_chat:\n    max_tokens: 8\n    prompt_tokens: 32\n" + yaml_extra)
     return [
         "run", "-c", str(cfg), "--target", url, "--duration", "60s", "--window", "1s", "--warmup", "0s",
         "--concurrency", "8", "--mix", "short_chat=1", "--metrics-host", "127.0.0.1", "--metrics-port", "0",
@@ -95,3 +95,29 @@ async def test_unwritable_state_dir_fails_fast(tmp_path: Path) -> None:
     rc, out, err = await run_soakd(*_args("http://127.0.0.1:9/v1", blocker / "state", cfg_dir=tmp_path), timeout=20)
     assert rc == 2
     assert "run.state_dir" in err and str(blocker) in err
+
+
+async def test_exit_code_one_when_the_verdict_fails(tmp_path: Path) -> None:
+    """CI gate: errors beyond the budget fail the verdict -> exit 1, and the reports say why."""
+    async with sim_server(**dict(QUICK_SIM, faults={"error_rate_500": 0.2})) as sim:
+        rc, out, err = await run_soakd(*_args(sim.base_url, tmp_path, "--duration", "4s"), timeout=60)
+    assert rc == 1, (out[-2000:], err[-2000:])
+    run_id = StoreReader(tmp_path).latest_run().id
+    verdict = StoreReader(tmp_path).get_run(run_id).verdict
+    assert verdict["passed"] is False and any("error rate" in r for r in verdict["reasons"])
+    report = (tmp_path / run_id / "report.md").read_text()
+    assert "FAIL" in report
+
+
+async def test_exit_code_zero_when_the_run_passes(tmp_path: Path) -> None:
+    # judged on errors only: one-second windows on a shared 2-core machine are too noisy a basis
+    # for a latency verdict (test_analysis_e2e covers drift), and this test is about the exit code
+    only_errors = "analysis:\n  verdict:\n    fail_on: [errors]\n"
+    async with sim_server(**QUICK_SIM) as sim:
+        rc, out, err = await run_soakd(*_args(sim.base_url, tmp_path, "--duration", "4s", yaml_extra=only_errors),
+                                       timeout=60)
+    assert rc == 0, (out[-2000:], err[-2000:])
+    run_id = StoreReader(tmp_path).latest_run().id
+    assert StoreReader(tmp_path).get_run(run_id).verdict["passed"] is True
+    for name in ("report.json", "report.md", "report.html"):
+        assert (tmp_path / run_id / name).stat().st_size > 0
