@@ -121,3 +121,43 @@ async def test_exit_code_zero_when_the_run_passes(tmp_path: Path) -> None:
     assert StoreReader(tmp_path).get_run(run_id).verdict["passed"] is True
     for name in ("report.json", "report.md", "report.html"):
         assert (tmp_path / run_id / name).stat().st_size > 0
+
+
+async def test_full_disk_mid_run_degrades_and_recovers(tmp_path: Path) -> None:
+    """The disk fills up mid-run: an error is logged once, /metrics keeps working, and the windows
+    closed meanwhile reach SQLite when space returns."""
+    import asyncio
+
+    from conftest import http_get, wait_until
+    from structlog.testing import capture_logs
+    from test_store import fill_up, make_room
+
+    from soakd.config import load_config
+    from soakd.daemon import SoakDaemon
+
+    async with sim_server(**QUICK_SIM) as sim:
+        cfg = load_config(None, {
+            "target": {"url": sim.base_url},
+            "run": {"duration": 7.0, "window": 1.0, "warmup": 0, "grace": 1.0, "state_dir": str(tmp_path)},
+            "load": {"concurrency": 4, "mix": {"short_chat": 1}},
+            "scenarios": {"short_chat": {"max_tokens": 8, "prompt_tokens": 32}},
+            "samplers": {"nvml": {"mode": "off"}, "interval": 0.5},
+            "metrics": {"host": "127.0.0.1", "port": 0},
+            "log": {"progress": False},
+        }, environ={})  # fmt: skip
+        daemon = SoakDaemon(cfg, progress=False)
+        with capture_logs() as logs:
+            task = asyncio.create_task(daemon.run())
+            await wait_until(lambda: len(daemon.windows) >= 2, timeout=20, what="two windows")
+            await fill_up(daemon.store)
+            full_from = len(daemon.windows)
+            await wait_until(lambda: len(daemon.windows) >= full_from + 2, timeout=20, what="windows while full")
+            status, body = await http_get(daemon.web.url + "/metrics")
+            assert status == 200 and "soakd_requests_total" in body
+            await make_room(daemon.store)
+            final = await asyncio.wait_for(task, 30)
+    errors = [e for e in logs if e["event"] == "store_unavailable"]
+    assert len(errors) == 1, [e["event"] for e in logs if "store" in e["event"]]
+    assert any(e["event"] == "store_recovered" for e in logs)
+    stored = [w["window"] for w in StoreReader(tmp_path).load_windows(final["run_id"])]
+    assert stored == [w["window"] for w in final["windows"]], "every window reached SQLite after the disk recovered"
