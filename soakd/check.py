@@ -69,7 +69,11 @@ async def run_checks(base_url: str, model: str | None = None, api_key: str | Non
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     results: list[ProbeResult] = []
     to = aiohttp.ClientTimeout(total=timeout, sock_connect=min(10.0, timeout))
-    async with aiohttp.ClientSession(timeout=to, headers=headers) as session:
+    # One connection per probe: the probes check the API, not connection reuse (a server that
+    # closes kept-alive connections after streamed responses, as llama.cpp's does, would otherwise
+    # fail whichever probe reuses one; `soakd run` records that as connection_error).
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(timeout=to, headers=headers, connector=connector) as session:
         # 1. models
         res = ProbeResult("GET /models")
         t0 = time.perf_counter()

@@ -349,6 +349,7 @@ class SoakDaemon:
             self.recorder = Recorder(self.metrics, tl, on_window_closed=self._closed_queue.append,
                                      confidence=cfg.analysis.drift.confidence)
             self.recorder._target_up_cb = self._target_changed  # noqa: SLF001
+            self.recorder.on_connection_dropped = self._connection_dropped
             self.recorder.set_target_up(True)
             workload = Workload(self.scenarios, cfg.load.mix, self.model, cfg.run.seed)
             self.driver = LoadDriver(cfg.load, self.client, workload, self.recorder, tl,
@@ -516,6 +517,8 @@ class SoakDaemon:
                 self._quiesce_skip_logged = True
             return
         idx = tl.window_at(t0)
+        held = rec.window_for(idx, t0)
+        held.in_flight += 1  # the window stays open until its probe ends (else the probe is lost)
         self._probe_task = asyncio.current_task()
         drv.pause()
         probe: dict[str, Any] = {"t_unix": wall, "window": idx, "drained": False,
@@ -545,6 +548,7 @@ class SoakDaemon:
                 drv.resume()
             t1 = loop.time()
             rec.add_interval(t0, t1, "paused_seconds")
+            held.in_flight -= 1
             probe["seconds"] = round(t1 - t0, 3)
         if not completed:
             return
@@ -654,6 +658,16 @@ class SoakDaemon:
             log.warning("target_down", url=self.config.target.url,
                         last_error=self.recorder.last_error if self.recorder else None)
 
+    def _connection_dropped(self, rec: Any) -> None:
+        """Once per run: the target dropped a connection while it answered other requests."""
+        keep_alive = self.config.target.keep_alive
+        log.warning("connection_dropped_while_up", url=self.config.target.url, reason=rec.reason,
+                    error=rec.error[:200], keep_alive=keep_alive,
+                    hint="counted as connection_error; the target stays up. " + (
+                        "A server that closes reused keep-alive connections (llama.cpp's llama-server after "
+                        "streamed responses) is cured by target.keep_alive: false (--no-keep-alive)"
+                        if keep_alive else "Check the server's and any proxy's logs"))  # fmt: skip
+
     # ---- samples and windows
     def _sample_window(self, idx: int, t: float) -> SampleWindow | None:
         if self.timeline is None or idx < self.timeline.first_index:
@@ -701,7 +715,7 @@ class SoakDaemon:
             idx = summary["window"]
             sw = self.sample_windows.pop(idx, None)
             if sw is not None:
-                summary.update(sw.summary(int(summary.get("completion_tokens") or 0)))
+                summary.update(sw.summary(int(summary.get("completion_tokens") or 0), summary.get("duration_seconds")))
             else:
                 summary.update({"device": {}, "server": {}, "host": {}, "quiesce": None})
             summary["segment"] = self.segment

@@ -18,6 +18,12 @@ from soakd.client.records import OUTCOMES, Outcome, RequestRecord
 from soakd.metrics import SoakMetrics
 
 _HTTP_REASONS = {400, 401, 403, 404, 408, 413, 422, 429, 500, 502, 503, 504}
+# soakd_target_up goes to 0 on a failed connect, on a response timeout without headers, and on any
+# other connection error (server_disconnected, connection_reset, disconnected) only when the target
+# has not answered a request in full for this long: a server that closes reused keep-alive
+# connections while it answers everyone else (llama.cpp's llama-server does after every streamed
+# response) is up, and a crash is still seen at once, by the connects that fail after it.
+DROP_WHILE_UP_NS = 5_000_000_000
 
 
 def bounded_reason(rec: RequestRecord) -> str:
@@ -55,6 +61,11 @@ class Recorder:
         self.prompt_tokens = 0
         self.last_error: str = ""
         self._target_up_cb: Callable[[bool], None] | None = None
+        # when the target last answered a request in full (perf_counter_ns), for telling a dropped
+        # connection from an unreachable target; and what to call on the first such drop
+        self._last_answer_ns: int | None = None
+        self.connections_dropped_while_up = 0
+        self.on_connection_dropped: Callable[[RequestRecord], None] | None = None
         self._last_closed_index = timeline.first_index - 2
         self._down_since: float | None = None
         self.prompt_token_error: list[float] = []  # (server prompt tokens / expected) - 1, bounded sample
@@ -95,10 +106,19 @@ class Recorder:
         outcome = rec.outcome
         ov = outcome.value
         self.outcomes[ov] += 1
-        if outcome is Outcome.CONNECTION_ERROR or (outcome is Outcome.TIMEOUT and not rec.http_status):
+        if outcome is Outcome.CONNECTION_ERROR:
+            if rec.reason == "connect_failed" or self._last_answer_ns is None or \
+                    rec.t_end_ns - self._last_answer_ns > DROP_WHILE_UP_NS:
+                self.set_target_up(False)
+            else:
+                self._connection_dropped(rec)
+        elif outcome is Outcome.TIMEOUT and not rec.http_status:
             self.set_target_up(False)
-        elif rec.http_status and m.target_up.value != 1.0:
-            self.set_target_up(True)
+        elif rec.http_status:
+            if outcome is not Outcome.TIMEOUT:
+                self._last_answer_ns = rec.t_end_ns
+            if m.target_up.value != 1.0:
+                self.set_target_up(True)
         if outcome is not Outcome.OK and outcome is not Outcome.CANCELLED:
             self.last_error = f"{rec.scenario}: {ov}/{rec.reason} {rec.error}"[:300]
         w = self.windows.get(rec.window)
@@ -157,6 +177,15 @@ class Recorder:
             except OSError:
                 pass
             self._trace.clear()
+
+    def _connection_dropped(self, rec: RequestRecord) -> None:
+        """A connection error while the target answers other requests (it answered one in full
+        within DROP_WHILE_UP_NS): a dropped connection — typically a reused keep-alive connection
+        the server had closed — not an outage. Recorded as connection_error all the same; the
+        target stays up."""
+        self.connections_dropped_while_up += 1
+        if self.connections_dropped_while_up == 1 and self.on_connection_dropped is not None:
+            self.on_connection_dropped(rec)
 
     def set_target_up(self, up: bool) -> None:
         v = 1.0 if up else 0.0

@@ -145,3 +145,25 @@ def test_table_and_finding_dict() -> None:
     assert f.to_dict()["evidence"] == {"a": 1}
     with pytest.raises(AttributeError):
         f.kind = "drift"  # type: ignore[misc]
+
+
+def test_throughput_and_error_drift_in_an_outage_window_is_the_restart() -> None:
+    """A real vLLM stopped for 20 s of a window (tests/e2e/test_vllm.py): its tokens/s fell and its
+    error rate rose against the baseline. That is the restart, said once — not also a
+    'performance drift' of unknown cause, which would fail the verdict as drift."""
+    rng = random.Random(61)
+    base = make_window(0, rng, 2000)
+    w = make_window(4, rng, 2000, error_rate=0.6, error_outcome="connection_error", target_down_seconds=17.0)
+    dr = drift.evaluate(w, base, None)
+    assert any(r.metric == "error_rate" and r.status == "drift" for r in dr)
+    f = _by(diagnose(w, dr))
+    t = f["target restarted"]
+    assert "from the outage" in t.message and "error_rate" in t.message
+    assert any(d["metric"] == "error_rate" for d in t.evidence["drift"])
+    assert "performance drift" not in f
+    # latency drift in the same window is not the outage's: still reported
+    slow = make_window(5, rng, 3000, scale=1.3, error_rate=0.6, error_outcome="connection_error",
+                       target_down_seconds=17.0)  # fmt: skip
+    f2 = _by(diagnose(slow, drift.evaluate(slow, make_window(0, rng, 3000), None)))
+    assert "target restarted" in f2 and "e2e_p50" in f2["performance drift"].message
+    assert "error_rate" not in f2["performance drift"].message

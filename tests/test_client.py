@@ -136,7 +136,8 @@ async def test_non_streaming(endpoint: str) -> None:
         ({"error_rate_429": 1.0}, True, Outcome.HTTP_ERROR, "http_429"),
         ({"malformed_rate": 1.0}, True, Outcome.INVALID_RESPONSE, "malformed_chunk"),
         ({"malformed_rate": 1.0}, False, Outcome.INVALID_RESPONSE, "malformed_body"),
-        ({"truncate_rate": 1.0}, True, Outcome.INVALID_RESPONSE, "truncated_stream"),
+        # a stream cut by the connection closing mid-body: the server went away mid-response
+        ({"truncate_rate": 1.0}, True, Outcome.CONNECTION_ERROR, "disconnected"),
         # a non-streamed body cut before its headers: the server hung up on the request
         ({"truncate_rate": 1.0}, False, Outcome.CONNECTION_ERROR, "server_disconnected"),
         ({"garbled_rate": 1.0}, True, Outcome.INVALID_RESPONSE, "garbled_output"),
@@ -212,8 +213,8 @@ async def test_dead_port_is_a_connection_error() -> None:
 
 async def test_simulator_restart() -> None:
     """One client (one connection pool) across a restart: the stream in flight when the server
-    goes down is cut (invalid_response/truncated_stream: on the wire it is the same as a cut
-    stream), requests during the downtime are connection errors, and afterwards it works again."""
+    goes down is cut (connection_error/disconnected: the connection closed mid-response), requests
+    during the downtime are connection errors, and afterwards it works again."""
     faults = SimFaults(restart_after=0.6, restart_downtime=0.6)
     async with sim_server(faults=faults, **dict(TRUTH, ttft_base=0.0, tpot_base=0.01)) as sim:
         client = OpenAIClient(TargetConfig(url=sim.base_url))
@@ -390,3 +391,85 @@ async def test_structure_check(kind: str, text: str, ok: bool) -> None:
     async with serve(handler) as url:
         rec = await execute(url, chat_body(stream=False), structure_check=kind)
     assert rec.ok is ok, rec
+
+
+def test_target_up_survives_dropped_connections_but_not_failed_connects() -> None:
+    """A connection error while the target answers others (a reused keep-alive connection the
+    server closed) is counted but leaves soakd_target_up at 1; a failed connect, or connection
+    errors after 5 s without any answer, take it down (llama.cpp's llama-server, tests/e2e)."""
+    from soakd.analysis.window import Timeline
+    from soakd.metrics import SoakMetrics
+    from soakd.recorder import Recorder
+
+    rec_ = Recorder(SoakMetrics(("a",)), Timeline(0.0, 0.0, 60.0, 600.0))
+    changes: list[bool] = []
+    dropped: list[str] = []
+    rec_._target_up_cb = changes.append  # noqa: SLF001
+    rec_.on_connection_dropped = lambda r: dropped.append(r.reason)
+    rec_.set_target_up(True)
+
+    def finish(at_s: float, outcome: Outcome = Outcome.OK, reason: str = "", status: int = 200) -> None:
+        r = RequestRecord("a")
+        r.window = 0
+        r.t_start_ns = r.t_end_ns = int(at_s * 1e9)
+        r.http_status = status
+        if outcome is not Outcome.OK:
+            r.fail(outcome, reason)
+        rec_.started(r, 1.0)
+        rec_.finished(r)
+
+    finish(1.0)
+    finish(1.1, Outcome.CONNECTION_ERROR, "server_disconnected", status=0)
+    finish(1.2, Outcome.CONNECTION_ERROR, "server_disconnected", status=0)
+    finish(2.0, Outcome.CONNECTION_ERROR, "disconnected")
+    assert rec_.metrics.target_up.value == 1.0 and changes == [True]
+    assert rec_.connections_dropped_while_up == 3 and dropped == ["server_disconnected"]  # said once
+    finish(2.1, Outcome.CONNECTION_ERROR, "connect_failed", status=0)
+    assert rec_.metrics.target_up.value == 0.0 and changes == [True, False]
+    finish(3.0)
+    assert rec_.metrics.target_up.value == 1.0
+    finish(9.0, Outcome.CONNECTION_ERROR, "server_disconnected", status=0)  # nothing answered for 6 s
+    assert rec_.metrics.target_up.value == 0.0 and changes == [True, False, True, False]
+
+
+async def test_keep_alive_connection_closed_by_the_server_is_server_disconnected() -> None:
+    """A server that closes the connection after each streamed response without `Connection:
+    close` (llama.cpp's llama-server): the next request on the pooled connection fails with
+    server_disconnected, and a fresh connection (keep_alive false) does not."""
+    from aiohttp import web
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(delta("Hello") + b"data: [DONE]\n\n")
+        await resp.write_eof()
+        assert request.transport is not None
+        request.transport.close()  # after the response, like llama-server
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
+    try:
+        for keep_alive in (True, False):
+            client = OpenAIClient(TargetConfig(url=f"http://127.0.0.1:{port}/v1", keep_alive=keep_alive),
+                                  pool_size=1)  # fmt: skip
+            recs = []
+            try:
+                for _ in range(4):
+                    recs.append(await client.execute(RequestRecord("test"), chat_body(4)))
+            finally:
+                await client.close()
+            reasons = [(r.outcome, r.reason) for r in recs]
+            if keep_alive:
+                assert (Outcome.OK, "") in reasons and (Outcome.CONNECTION_ERROR, "server_disconnected") in reasons, reasons
+                assert all(r in ((Outcome.OK, ""), (Outcome.CONNECTION_ERROR, "server_disconnected")) for r in reasons)
+            else:
+                assert reasons == [(Outcome.OK, "")] * 4, reasons
+    finally:
+        await runner.cleanup()

@@ -7,7 +7,9 @@ evidence                          diagnosis                      rule
 ================================  =============================  ===========================================
 target down + failed requests     ``target restarted``           ``target_down_seconds > 0`` (soakd_target_up
                                                                  was 0); critical when requests failed
-                                                                 (connection_error, http_error, timeout)
+                                                                 (connection_error, http_error, timeout);
+                                                                 the window's degraded throughput and
+                                                                 error-rate drift is the outage's
 timeouts                          ``overload``                   timeout share > ``timeout_share`` while the
                                                                  target stayed up; queue depth as evidence
 invalid responses                 ``garbled output``             any ``invalid_response``; critical above
@@ -104,6 +106,11 @@ DIAGNOSES: tuple[str, ...] = tuple(TROUBLESHOOTING)
 _PERF_METRICS = frozenset(
     m for m, s in METRICS.items() if s.kind in ("quantile", "tokens_rate", "requests_rate")
 )
+# What an outage moves by itself: a window with the target down loses throughput and gains errors.
+# (Latency quantiles come from successful requests only: an outage does not explain them.)
+_OUTAGE_METRICS = frozenset(
+    m for m, s in METRICS.items() if s.kind in ("tokens_rate", "requests_rate", "error_rate")
+)
 
 
 class DiagnosisConfig(BaseModel):
@@ -195,17 +202,24 @@ def diagnose(
     n, oc = _outcomes(window)
     down = target_down_seconds if target_down_seconds is not None else float(window.get("target_down_seconds") or 0.0)
 
+    explained: set[str] = set()  # drifted metrics a finding below accounts for
+
     # --- target and errors
     failed = oc.get("connection_error", 0) + oc.get("http_error", 0) + oc.get("timeout", 0)
     if down > 0:
+        # the throughput lost and the errors gained while the target was down are the restart's
+        # drift, not a performance drift of unknown cause
+        outage = _degraded(drift_results, _OUTAGE_METRICS)
+        explained |= {r.metric for r in outage}
         out.append(Finding(
             kind="target", diagnosis="target restarted", severity="critical" if failed else "warning",
             message=(
                 f"target down {down:.0f}s in window {idx}; {failed} of {n} requests failed "
                 f"(connection_error {oc.get('connection_error', 0)}, http_error {oc.get('http_error', 0)}, "
-                f"timeout {oc.get('timeout', 0)})"
+                f"timeout {oc.get('timeout', 0)})" + (f"; from the outage: {_drift_text(outage)}" if outage else "")
             ),
-            evidence={"target_down_seconds": down, "outcomes": oc, "requests": n}, window=idx,
+            evidence={"target_down_seconds": down, "outcomes": oc, "requests": n,
+                      "drift": [r.to_dict() for r in outage]}, window=idx,
         ))  # fmt: skip
     if n and down <= 0:
         share = oc.get("timeout", 0) / n
@@ -244,7 +258,6 @@ def diagnose(
 
     # --- throttling, with or without performance drift
     perf = _degraded(drift_results, _PERF_METRICS)
-    explained: set[str] = set()
     if throttles:
         t_text = "; ".join(t.message() for t in throttles)
         kinds = sorted({t.kind for t in throttles})

@@ -278,7 +278,13 @@ class OpenAIClient:
             raise
         except aiohttp.ClientPayloadError as exc:
             rec.t_end_ns = _perf_ns()
-            rec.fail(Outcome.INVALID_RESPONSE, "truncated_stream", str(exc))
+            if _PAYLOAD_CUT in str(exc):
+                # the connection closed before the body's end (chunked terminator or Content-Length):
+                # the server went away mid-response (a crash, a restart, a proxy's cut), not an
+                # invalid response. truncated_stream is a body that ended without [DONE]/finish.
+                rec.fail(Outcome.CONNECTION_ERROR, "disconnected", str(exc))
+            else:
+                rec.fail(Outcome.INVALID_RESPONSE, "truncated_stream", str(exc))
             return rec
         except aiohttp.ClientResponseError as exc:
             rec.t_end_ns = _perf_ns()
@@ -425,9 +431,23 @@ def _error_message(raw: bytes) -> str:
         return raw[:300].decode("utf-8", "replace")
 
 
+# aiohttp's ClientPayloadError when the connection was lost before the end of the body (its
+# ResponseHandler.connection_lost); other payload errors are malformed framing
+_PAYLOAD_CUT = "payload is not completed"
+# aiohttp raises ClientOSError(None, "Can not write request body ...") from this when the pooled
+# connection it picked was closed by the server before the request went out (the keep-alive race)
+_CLOSING_TRANSPORT = getattr(aiohttp, "ClientConnectionResetError", None)
+
+
 def _conn_reason(exc: BaseException) -> str:
+    """The reason of a connection error before any response: the server closed the connection
+    (``server_disconnected``: before answering, including a reused keep-alive connection it had
+    already closed when the request was written), refused or failed the connect
+    (``connect_failed``), or anything else on an established connection (``connection_reset``)."""
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return "server_disconnected"
     if isinstance(exc, aiohttp.ClientConnectorError):
         return "connect_failed"
+    if _CLOSING_TRANSPORT is not None and isinstance(exc.__cause__, _CLOSING_TRANSPORT):
+        return "server_disconnected"
     return "connection_reset"
