@@ -10,7 +10,7 @@ PIP := $(VENV)/bin/pip
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PYTEST_ARGS ?=
 
-.PHONY: demo test install install-test system-deps bench clean metrics-table
+.PHONY: demo test install install-test system-deps e2e-prepare bench clean metrics-table
 
 $(PY):
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
@@ -46,11 +46,18 @@ system-deps:
 	  $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null; \
 	fi
 
+# Real inference servers for tests/e2e, prepared idempotently into ~/.cache/soakd-e2e (or SOAKD_E2E_CACHE):
+# the first run builds/installs them (minutes), later runs find them stamped and skip. A failure
+# fails `make test` here, loudly: the e2e tests are never skipped.
+e2e-prepare: $(VENV)/.installed-test
+	$(PY) tests/e2e/prepare_llamacpp.py
+	bash tests/e2e/prepare_vllm.sh
+
 demo: $(VENV)/.installed
 	$(PY) -m soakd demo $(DEMO_ARGS)
 
 # pytest exits 5 when it collected no test: that is a failure here, said out loud.
-test: $(VENV)/.installed-test system-deps
+test: $(VENV)/.installed-test system-deps e2e-prepare
 	@set +e; $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5) - treating as failure"; exit 1; fi; \
 	exit $$rc
