@@ -162,7 +162,12 @@ class SampleWindow:
                 if active:
                     self.reason_active[r] += 1
 
-    def summary(self, completion_tokens: int) -> dict[str, Any]:
+    def summary(self, completion_tokens: int, duration_seconds: float | None = None) -> dict[str, Any]:
+        """``duration_seconds``: the window's load time, over which ``completion_tokens`` were
+        produced. The energy readings cover a slightly different span (from the last reading
+        before the window to the last one in it: a late or missed reading moves up to a sampling
+        interval of energy between windows), so energy per token is the mean power over the
+        readings' span times the window's load time, per token."""
         a = self.aggs
         device: dict[str, Any] = {}
         if "power_watts" in a:
@@ -170,8 +175,11 @@ class SampleWindow:
         if self.energy_seconds > 0:
             device["energy_joules"] = self.energy_joules
             device["energy_seconds"] = self.energy_seconds
+            joules = self.energy_joules
+            if duration_seconds is not None and duration_seconds > 0:
+                joules = self.energy_joules / self.energy_seconds * duration_seconds
             device["energy_per_output_token_joules"] = (
-                self.energy_joules / completion_tokens if completion_tokens else None)
+                joules / completion_tokens if completion_tokens else None)
         for key in ("temperature_celsius", "memory_temperature_celsius"):
             if key in a:
                 device[key] = a[key].summary("mean", "max")

@@ -45,6 +45,32 @@ class SimFaults(BaseModel):
             "when the server restarts."
         ),
     )
+    latency_step_at: Duration | None = Field(
+        None,
+        description=(
+            "A latency step: from this server uptime on (e.g. '10m'), every TTFT and per-token "
+            "delay is multiplied by 1 + latency_step_pct/100 (a slower build or driver swapped "
+            "in mid-run; drift detection must flag it). Like the drift, it is taken when a "
+            "request starts and resets when the server restarts. Unset = never."
+        ),
+    )
+    latency_step_pct: float = Field(
+        10.0,
+        gt=-100,
+        description=(
+            "Size of the latency step in percent (10 = every delay 10% longer; negative = faster)."
+        ),
+    )
+    output_change_at: Duration | None = Field(
+        None,
+        description=(
+            "From this server uptime on (e.g. '10m'), deterministic outputs (temperature 0 or a "
+            "request seed) change: the same prompt and seed are answered from another corpus "
+            "offset, as after a silent numerical change (new weights, kernels or driver), so "
+            "the output-consistency canary reports a mismatch. Resets when the server restarts. "
+            "Unset = never."
+        ),
+    )
     kv_leak_blocks_per_n_requests: int = Field(
         0,
         ge=0,
@@ -294,8 +320,9 @@ class SimDeviceConfig(BaseModel):
 class SimConfig(BaseModel):
     """The simulated vLLM-like server: address, latency model, KV-cache model and faults.
 
-    Latency model (seconds; all multiplied by the drift factor, the simulated GPU's slowdown —
-    1/clock ratio while it is thermally throttled or power capped — and the jitter noise):
+    Latency model (seconds; all multiplied by the drift factor, the latency step, the simulated
+    GPU's slowdown — 1/clock ratio while it is thermally throttled or power capped — and the
+    jitter noise):
 
     * TTFT = time waiting for a running slot
       + ttft_base + ttft_per_prompt_token * prompt_tokens + ttft_per_queued * queue_length

@@ -254,16 +254,27 @@ class SimModel:
     # ------------------------------------------------------------------ latency model
 
     def latency_multiplier(self) -> float:
-        """1 + drift_pct/100 * uptime_hours (floored at 0.05), times the attached device's
-        slowdown (1/clock ratio while it is throttled). Taken when a request starts."""
-        pct = self.config.faults.latency_drift_pct_per_hour
+        """1 + drift_pct/100 * uptime_hours (floored at 0.05), times 1 + step_pct/100 from
+        ``latency_step_at`` on, times the attached device's slowdown (1/clock ratio while it is
+        throttled). Taken when a request starts."""
+        faults = self.config.faults
+        pct = faults.latency_drift_pct_per_hour
         multiplier = 1.0
         if pct:
             hours = (self.clock() - self.started) / 3600.0
             multiplier = max(0.05, 1.0 + pct / 100.0 * hours)
+        step_at = faults.latency_step_at
+        if step_at is not None and self.clock() - self.started >= step_at:
+            multiplier *= 1.0 + faults.latency_step_pct / 100.0
         if self.device is not None:
             multiplier *= self.device.slowdown()
         return multiplier
+
+    def output_changed(self) -> bool:
+        """Whether deterministic outputs are answered from their changed offset now
+        (fault ``output_change_at``, server uptime)."""
+        at = self.config.faults.output_change_at
+        return at is not None and self.clock() - self.started >= at
 
     # ------------------------------------------------------------------ load integrals
 

@@ -286,7 +286,8 @@ class _Exchange:
         else:
             corpus = CODE if p.code else PROSE
             if p.deterministic:
-                offset = output_offset(p.prompt_text, p.seed, corpus.size)
+                variant = 1 if self.model.output_changed() else 0
+                offset = output_offset(p.prompt_text, p.seed, corpus.size, variant)
             else:
                 offset = self.model.text_rng.randrange(corpus.size)
         self.texts, self.tjson = corpus.take(offset, n)
@@ -855,6 +856,9 @@ _FLAG_FIELDS: dict[str, tuple[str | None, str]] = {
     "jitter": (None, "jitter"),
     "max_batch": (None, "max_batch"),
     "latency_drift_pct_per_hour": ("faults", "latency_drift_pct_per_hour"),
+    "latency_step_at": ("faults", "latency_step_at"),
+    "latency_step_pct": ("faults", "latency_step_pct"),
+    "output_change_at": ("faults", "output_change_at"),
     "kv_leak_blocks": ("faults", "kv_leak_blocks_per_n_requests"),
     "kv_leak_every": ("faults", "kv_leak_every_n_requests"),
     "error_rate_500": ("faults", "error_rate_500"),
@@ -894,6 +898,21 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-batch", type=int, default=None, help="running slots before queueing")
     g.add_argument(
         "--latency-drift-pct-per-hour", type=float, default=None, help="latency growth in %%/hour"
+    )
+    g.add_argument(
+        "--latency-step-at",
+        default=None,
+        help="from this uptime on every delay is --latency-step-pct longer, e.g. 10m "
+        "(default never)",
+    )
+    g.add_argument(
+        "--latency-step-pct", type=float, default=None, help="size of that step in %% (default 10)"
+    )
+    g.add_argument(
+        "--output-change-at",
+        default=None,
+        help="from this uptime on deterministic outputs change (the canary sees a mismatch), "
+        "e.g. 10m (default never)",
     )
     g.add_argument("--kv-leak-blocks", type=int, default=None, help="KV blocks leaked per leak")
     g.add_argument("--kv-leak-every", type=int, default=None, help="finished requests per leak")

@@ -102,9 +102,14 @@ def looks_like_code(text: str) -> bool:
     return bool(_CODE_HINT.search(text[-4000:]))
 
 
-def output_offset(prompt: str, seed: int | None, size: int) -> int:
-    """The deterministic corpus offset for a prompt (and an optional request seed)."""
+def output_offset(prompt: str, seed: int | None, size: int, variant: int = 0) -> int:
+    """The deterministic corpus offset for a prompt (and an optional request seed).
+
+    ``variant`` > 0 gives another, equally deterministic offset for the same prompt and seed
+    (the simulator's ``output_change_at`` fault: the outputs changed, e.g. new weights)."""
     key = prompt if seed is None else f"{seed}\x00{prompt}"
+    if variant:
+        key = f"{variant}\x01{key}"
     return zlib.crc32(key.encode("utf-8", "surrogatepass")) % size
 
 
