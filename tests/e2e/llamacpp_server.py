@@ -7,7 +7,6 @@ the tests fail, with the command to run, when they are missing — never skip.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import signal
 import socket
@@ -23,20 +22,8 @@ sys.path.insert(0, str(HERE))
 import prepare_llamacpp  # noqa: E402
 
 
-def _tests_conftest():  # type: ignore[no-untyped-def]
-    """tests/conftest.py's subprocess helpers, loaded by path: a ``tests/e2e/conftest.py`` (should
-    one appear) would shadow ``import conftest``."""
-    spec = importlib.util.spec_from_file_location("_soakd_tests_conftest", HERE.parent / "conftest.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-_ct = _tests_conftest()
-SoakdProcess = _ct.SoakdProcess
-run_soakd = _ct.run_soakd
-soakd_env = _ct.soakd_env
+sys.path.insert(0, str(HERE.parent))  # tests/: the shared helpers
+from helpers import SoakdProcess, run_soakd, soakd_env  # noqa: E402,F401
 
 # 4 slots of 4096 tokens each: long_context (about 2,100 prompt + 512 output) fits a slot
 N_PARALLEL = 4

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 import yaml
-from llamacpp_server import LlamaServer, SoakdProcess, metric_values, run_soakd, scrape, soakd_env
+from llamacpp_server import LlamaServer, SoakdProcess, metric_values, run_soakd, scrape
 
 pytestmark = [pytest.mark.e2e]
 

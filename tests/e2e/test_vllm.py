@@ -28,7 +28,7 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
-from conftest import REPO, http_get, run_soakd, soakd_env
+from helpers import REPO, http_get, run_soakd, soakd_env
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vllm_server import KV_BLOCKS, MODEL_NAME, Poller, Scrape, VllmServer, scrape  # noqa: E402

@@ -14,7 +14,7 @@ from soakd.cli import build_parser, overrides_from_args
 from soakd.config import ConfigError, SoakConfig, env_overrides, load_config
 from soakd.daemon import SoakDaemon
 from soakd.workload.scenarios import resolve_all
-from conftest import QUICK_SIM, http_get, run_soakd, sim_server, soakd_env, wait_until
+from helpers import QUICK_SIM, http_get, run_soakd, sim_server, soakd_env, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -38,9 +38,9 @@ from soakd.report import (
 from soakd.report.build import redact
 from soakd.report.svg import Band, Series, Span, fmt_number, line_chart, nice_ticks
 from soakd.store import RunStore, StoreReader
-from test_analysis_support import make_window
+from helpers.windows import make_window
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
 T0 = 1_700_000_040.0  # a minute boundary
 WINDOW = 600.0
@@ -577,9 +577,8 @@ def screenshot(html: Path, png: Path, profile: Path, size: str = "1280,2400") ->
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="/usr/bin/chromium is absent: install Debian's chromium "
-                    "(make system-deps) to screenshot the HTML report")
 def test_html_report_screenshot_shows_the_charts(recorded: Path, tmp_path: Path) -> None:
+    assert CHROMIUM.exists(), "/usr/bin/chromium is absent: `make test` installs Debian's chromium"
     state = tmp_path / "state"
     shutil.copytree(recorded, state)
     html = write_reports(state, "run-gpu")["html"]
@@ -626,7 +625,7 @@ def _daemon_config(sim_url: str, state: Path, duration: float) -> Any:
 @pytest.mark.slow
 @pytest.mark.timeout(90)
 async def test_a_soak_writes_its_reports(tmp_path: Path) -> None:
-    from conftest import QUICK_SIM, sim_server
+    from helpers import QUICK_SIM, sim_server
     from soakd.daemon import SoakDaemon
 
     async with sim_server(**QUICK_SIM) as sim:
@@ -646,7 +645,7 @@ async def test_a_soak_writes_its_reports(tmp_path: Path) -> None:
 @pytest.mark.timeout(90)
 async def test_sigterm_still_writes_the_reports_and_a_report_failure_is_not_fatal(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    from conftest import QUICK_SIM, sim_server
+    from helpers import QUICK_SIM, sim_server
     from soakd.daemon import SoakDaemon
 
     async with sim_server(**QUICK_SIM) as sim:

@@ -18,7 +18,7 @@ import pytest
 
 pytestmark = pytest.mark.timeout(120)
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "client_capacity.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "client_capacity.py"
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from soakd.samplers.server import TABLES, ServerSampler, detect, metrics_urls, n
 
 pytestmark = pytest.mark.timeout(20)
 
-FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "metrics"
 PLAIN = "text/plain; version=0.0.4; charset=utf-8"
 
 

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from soakd.config import load_config
 from soakd.daemon import SoakDaemon
-from conftest import QUICK_SIM, SoakdProcess, free_port, http_get, run_soakd, sim_server
+from helpers import QUICK_SIM, SoakdProcess, free_port, http_get, run_soakd, sim_server
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]
 

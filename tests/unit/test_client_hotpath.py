@@ -174,7 +174,7 @@ async def test_deadline_total_caps_and_external_cancel_stays_a_cancel() -> None:
 # ---- stamped connections ---------------------------------------------------------------------
 
 async def test_connections_stamp_byte_arrival() -> None:
-    from conftest import sim_server
+    from helpers import sim_server
 
     async with sim_server(ttft_base=0.01, tpot_base=0.002, tpot_per_batch=0, ttft_per_prompt_token=0, jitter=0) as sim:
         client = oc.OpenAIClient(TargetConfig(url=sim.base_url))

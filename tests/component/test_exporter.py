@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from soakd.daemon import SoakDaemon
 from soakd.metrics import BY_NAME, CATALOGUE, E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS, SoakMetrics, catalogue_markdown
 from soakd.recorder import Recorder
 from soakd.workload.scenarios import BUILTIN
-from conftest import QUICK_SIM, REPO, free_port, http_get, sim_server, wait_until
+from helpers import PROMETHEUS_HINT, QUICK_SIM, REPO, free_port, http_get, sim_server, tool, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -102,9 +101,7 @@ def check_histograms(exp: Exposition, scenarios: tuple[str, ...]) -> None:
 
 
 async def promtool_check(text: str) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool is not installed (`make test` installs Debian's prometheus package, which has it)")
+    promtool = tool("promtool", PROMETHEUS_HINT)
     proc = await asyncio.create_subprocess_exec(
         promtool, "check", "metrics", stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -275,9 +272,8 @@ def test_catalogue_names_follow_prometheus_rules() -> None:
 def test_readme_metric_table_matches_the_catalogue() -> None:
     """The README's table between the metrics-table markers is ``soakd metrics --markdown``."""
     readme = REPO / "README.md"
-    text = readme.read_text(encoding="utf-8") if readme.exists() else ""
+    text = readme.read_text(encoding="utf-8")
     start, end = "<!-- metrics-table:start -->", "<!-- metrics-table:end -->"
-    if start not in text or end not in text:
-        pytest.skip("README.md has no <!-- metrics-table:start/end --> markers yet")
+    assert start in text and end in text, "README.md lost its metric-table markers"
     section = text.split(start, 1)[1].split(end, 1)[0]
     assert section.strip() == catalogue_markdown().strip(), "regenerate it with `make metrics-table`"

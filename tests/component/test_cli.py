@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from soakd.metrics import CATALOGUE, catalogue_markdown
-from conftest import FAST_SIM, free_port, run_soakd, sim_server, soakd_env
+from helpers import FAST_SIM, free_port, run_soakd, sim_server, soakd_env
 
 pytestmark = pytest.mark.timeout(60)
 

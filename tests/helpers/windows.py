@@ -1,7 +1,7 @@
 """Synthetic window summaries for the analysis tests (built through real DDSketches and
 ``stats.quantile_ci``, in the shape of ``WindowStats.summary()`` plus the lead's additions).
 
-Imported by the other ``test_analysis_*`` modules; its own tests check the builder.
+Imported by the analysis tests (``from helpers.windows import make_window``); tests/unit/test_helpers.py checks it.
 """
 
 from __future__ import annotations
@@ -151,11 +151,3 @@ def simple_window(index: int, value: float, *, metric_field: str = "e2e_seconds"
         w["e2e_seconds"] = {"count": n}
     w.update(extra)
     return w
-
-
-def test_builder_shape() -> None:
-    w = make_window(0, random.Random(1), 400)
-    assert w["requests"] == sum(w["outcomes"].values())
-    assert w["e2e_seconds"]["p50_ci"][0] <= w["e2e_seconds"]["p50"] <= w["e2e_seconds"]["p50_ci"][1]
-    assert w["completion_tokens_sumsq"] >= w["completion_tokens"] ** 2 / w["requests"]
-    assert set(w["scenarios"]) == {"short_chat"}

@@ -24,7 +24,7 @@ from soakd.workload.corpus import Corpus
 from soakd.workload.mix import StratifiedMix
 from soakd.workload.scenarios import BUILTIN, load_dataset, resolve, resolve_all
 from soakd.workload.workload import Workload
-from conftest import FAST_SIM, sim_server
+from helpers import FAST_SIM, sim_server
 
 pytestmark = pytest.mark.timeout(60)
 

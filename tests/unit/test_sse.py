@@ -101,8 +101,6 @@ def decode_data(chunks: list[bytes]) -> list[bytes]:
 
 @pytest.mark.parametrize("eol", ["\n", "\r\n", "\r"], ids=["LF", "CRLF", "CR"])
 def test_feed_data_agrees_with_feed_on_every_split(eol: str) -> None:
-    if not hasattr(SSEDecoder, "feed_data"):
-        pytest.skip("SSEDecoder.feed_data is not there (the client uses feed)")
     data = stream(eol)
     want = [e.data for e in EXPECTED]
     n = len(data)
@@ -115,8 +113,6 @@ def test_feed_data_agrees_with_feed_on_every_split(eol: str) -> None:
 
 
 def test_feed_data_fast_path_edge_cases() -> None:
-    if not hasattr(SSEDecoder, "feed_data"):
-        pytest.skip("SSEDecoder.feed_data is not there")
     cases = [
         b"data:x\n\ndata: y\n\n",
         b"event: ping\n\ndata: a\n\n",

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
-from conftest import SoakdProcess, http_get, soakd_env
+from helpers import SoakdProcess, http_get, soakd_env
 from soakd.cli import _demo_episodes
 from soakd.config import DcgmSamplerConfig, NvmlSamplerConfig, load_config
 from soakd.samplers.dcgm import DcgmSampler

@@ -32,7 +32,7 @@ from soakd.store import (
     segment_gaps,
 )
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 T0 = 1_700_000_040  # a minute boundary
 
 

@@ -33,7 +33,7 @@ import aiohttp
 import pytest
 import yaml
 
-from conftest import SoakdProcess, free_port, soakd_env
+from helpers import PROMETHEUS_HINT, SoakdProcess, free_port, soakd_env, tool
 from test_dashboards import (
     RULE_FILES,
     dashboard_expressions,
@@ -134,15 +134,13 @@ async def check_round(api: PromAPI, exprs: list[tuple[str, str]], recorded: list
 
 
 async def test_every_dashboard_and_rule_expression_returns_data(tmp_path: Path) -> None:
-    if PROMETHEUS is None:
-        pytest.skip("prometheus not found: install Debian's prometheus package (make system-deps / make test)")
+    assert PROMETHEUS is not None, f"prometheus is not installed: {PROMETHEUS_HINT}"
     metrics_port, prom_port = free_port(), free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(yaml.safe_dump(prometheus_config(metrics_port), sort_keys=False))
-    promtool = shutil.which("promtool")
-    if promtool:
-        check = subprocess.run([promtool, "check", "config", str(config)], capture_output=True, text=True, timeout=60)
-        assert check.returncode == 0, check.stdout + check.stderr
+    promtool = tool("promtool", PROMETHEUS_HINT)
+    check = subprocess.run([promtool, "check", "config", str(config)], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
 
     exprs = expressions()
     recorded = [r["record"] for r in load_rules() if "record" in r]

@@ -70,7 +70,7 @@ from soakd.config import SoakConfig, deep_merge, load_config
 from soakd.daemon import SoakDaemon
 from soakd.sim import SimConfig, SimServer, fake_pynvml
 from soakd.store import StoreReader
-from conftest import wait_until
+from helpers import wait_until
 
 pytestmark = [pytest.mark.slow]
 

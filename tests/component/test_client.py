@@ -17,7 +17,7 @@ from soakd.client.records import Outcome, RequestRecord
 from soakd.config import TargetConfig
 from soakd.sim import count_chat_tokens, count_tokens
 from soakd.sim.config import SimFaults
-from conftest import FAST_SIM, free_port, sim_server, wait_until
+from helpers import FAST_SIM, free_port, sim_server, wait_until
 
 pytestmark = pytest.mark.timeout(30)
 

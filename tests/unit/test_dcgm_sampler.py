@@ -29,7 +29,7 @@ from soakd.samplers.reasons import (
 
 pytestmark = pytest.mark.timeout(20)
 
-FIXTURE = (Path(__file__).parent / "fixtures" / "metrics" / "dcgm_exporter.prom").read_text()
+FIXTURE = (Path(__file__).resolve().parents[1] / "fixtures" / "metrics" / "dcgm_exporter.prom").read_text()
 PLAIN = "text/plain; version=0.0.4; charset=utf-8"
 MIB = 1024 * 1024
 UUID0 = "GPU-8f6d3b1e-52a4-7c0e-9d1b-3a6e2f4c8b70"

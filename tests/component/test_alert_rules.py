@@ -10,12 +10,13 @@ firing and a silent promtool case, and every name it uses exists in the metric c
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from helpers import PROMETHEUS_HINT, tool
 import yaml
 
 from test_dashboards import (
@@ -68,9 +69,7 @@ def runbook_anchors() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.skip("promtool not found: install Debian's prometheus package (make system-deps / make test)")
+    path = tool("promtool", PROMETHEUS_HINT)
     return path
 
 

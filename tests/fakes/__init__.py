@@ -1,1 +1,0 @@
-"""Hand-written fakes for tests (fakes over mocks: same names as the real thing)."""

@@ -1,0 +1,194 @@
+"""Shared helpers of the tests: a simulator on 127.0.0.1 port 0, free ports, and
+``python -m soakd`` subprocesses driven from the test's own event loop (so an in-process
+simulator keeps serving while the CLI talks to it).
+
+Everything is loopback only and bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from soakd.sim import SimConfig, SimServer
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A simulator with no modelled latency: requests finish as fast as the loop allows.
+FAST_SIM: dict[str, Any] = {"ttft_base": 0, "tpot_base": 0, "tpot_per_batch": 0, "ttft_per_prompt_token": 0}
+# A simulator that is quick but still streams over time (1 ms per token), so soaks stay light on CPU.
+QUICK_SIM: dict[str, Any] = {
+    "ttft_base": 0.005,
+    "tpot_base": 0.002,
+    "tpot_per_batch": 0,
+    "ttft_per_prompt_token": 0,
+}
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago (for 'the target is not up yet')."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@asynccontextmanager
+async def sim_server(**overrides: Any) -> AsyncIterator[SimServer]:
+    """``async with sim_server(ttft_base=0.05) as sim`` — the embedded simulator on a free port."""
+    overrides.setdefault("port", 0)
+    overrides.setdefault("host", "127.0.0.1")
+    async with SimServer(SimConfig(**overrides)) as sim:
+        yield sim
+
+
+def soakd_env(**extra: str) -> dict[str, str]:
+    """The test process environment without any SOAKD_* variable (they would leak into the CLI)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SOAKD_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+async def run_soakd(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 30.0
+) -> tuple[int, str, str]:
+    """Run ``python -m soakd ARGS`` to completion without blocking the loop; (rc, stdout, stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "soakd", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env=env if env is not None else soakd_env(), cwd=str(cwd) if cwd else str(REPO),
+    )  # fmt: skip
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        proc.kill()
+        out, err = await proc.communicate()
+        raise AssertionError(
+            f"soakd {' '.join(args)} did not finish in {timeout}s\nstdout:\n{out.decode()[-3000:]}\n"
+            f"stderr:\n{err.decode()[-3000:]}"
+        ) from None
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+class SoakdProcess:
+    """A ``python -m soakd`` child whose stdout is read line by line while it runs."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.lines: list[str] = []
+        self.stderr = ""
+
+    @classmethod
+    async def start(cls, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> SoakdProcess:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "soakd", *args,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env=env if env is not None else soakd_env(), cwd=str(cwd) if cwd else str(REPO),
+        )  # fmt: skip
+        return cls(proc)
+
+    async def wait_for_line(self, needle: str, timeout: float = 20.0) -> str:
+        """Read stdout until a line containing ``needle``; returns it (fails with the output so far)."""
+        assert self.proc.stdout is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            try:
+                raw = await asyncio.wait_for(self.proc.stdout.readline(), left)
+            except TimeoutError:
+                break
+            if not raw:
+                break
+            line = raw.decode(errors="replace")
+            self.lines.append(line)
+            if needle in line:
+                return line
+        await self.kill()
+        raise AssertionError(f"no line with {needle!r} within {timeout}s; output:\n{self.output()[-4000:]}\n"
+                             f"stderr:\n{self.stderr[-3000:]}")
+
+    async def json_event(self, event: str, timeout: float = 20.0) -> dict[str, Any]:
+        """The next JSON log line whose ``event`` is ``event``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            line = await self.wait_for_line(f'"{event}"', max(0.1, deadline - loop.time()))
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if obj.get("event") == event:
+                return obj
+
+    def signal(self, sig: int = signal.SIGTERM) -> None:
+        self.proc.send_signal(sig)
+
+    async def finish(self, timeout: float = 30.0) -> int:
+        """Wait for exit (killing it after ``timeout``), collecting the rest of stdout and stderr."""
+        try:
+            out, err = await asyncio.wait_for(self.proc.communicate(), timeout)
+        except TimeoutError:
+            await self.kill()
+            raise AssertionError(f"soakd did not exit within {timeout}s; output:\n{self.output()[-4000:]}") from None
+        self.lines.extend(out.decode(errors="replace").splitlines(keepends=True))
+        self.stderr += err.decode(errors="replace")
+        assert self.proc.returncode is not None
+        return self.proc.returncode
+
+    async def kill(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.kill()
+            out, err = await self.proc.communicate()
+            self.lines.extend(out.decode(errors="replace").splitlines(keepends=True))
+            self.stderr += err.decode(errors="replace")
+
+    def output(self) -> str:
+        return "".join(self.lines)
+
+
+async def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+        async with session.get(url) as resp:
+            return resp.status, await resp.text()
+
+
+async def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.02, what: str = "condition") -> None:
+    """Poll a (sync) predicate until true; fail after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+def tool(name: str, how: str) -> str:
+    """A program the tests need: the virtualenv's own first (the `test` extra installs some), then
+    PATH. Absent, the test fails and says how to install it (``make test`` installs them all): a
+    missing tool is a broken set-up, not a reason to skip."""
+    import shutil
+
+    here = Path(sys.executable).parent / name
+    if here.exists():
+        return str(here)
+    found = shutil.which(name)
+    if found:
+        return found
+    raise AssertionError(f"{name} is not installed: {how}")
+
+
+PROMETHEUS_HINT = "`make test` installs Debian's prometheus package (promtool and the server)"
