@@ -26,7 +26,8 @@ Usage::
     python benchmarks/client_capacity.py --quick     # about 30 seconds
     python benchmarks/client_capacity.py --json out.json
 
-Internal sub-commands (used by the benchmark itself): ``_serve`` (the server), ``_bare`` (the
+Internal sub-commands (used by the benchmark itself): ``_soakd`` (``soakd run`` with a trace of
+every request, through a record listener), ``_serve`` (the server), ``_bare`` (the
 bare client as a process).
 """
 
@@ -508,6 +509,33 @@ def run_bare(url: str, loop: str, concurrency: int, duration: float, trace: bool
                      [tuple(r) for r in res["trace"]])
 
 
+def _soakd_cli(argv: list[str]) -> int:
+    """``soakd run`` in this process with a record listener that appends one line per finished
+    request to ``--trace`` (request id, send / first-token / end perf_counter_ns, outcome,
+    scenario), buffered, written at exit: the timing-accuracy trace, kept out of soakd's hot path."""
+    p = argparse.ArgumentParser(prog="client_capacity.py _soakd")
+    p.add_argument("--trace", default="")
+    p.add_argument("soakd_args", nargs=argparse.REMAINDER)
+    a = p.parse_args(argv)
+    from soakd import cli
+
+    args = cli.build_parser().parse_args([x for x in a.soakd_args if x != "--"])
+    if not a.trace:
+        return cli.cmd_run(args)
+    lines: list[str] = []
+
+    def trace(rec: Any) -> None:
+        t = rec.token_times_ns
+        lines.append(f"{rec.request_id or '-'} {rec.t_start_ns} {t[0] if t else 0} {rec.t_end_ns} "
+                     f"{rec.outcome.value} {rec.scenario}\n")
+
+    try:
+        return cli.cmd_run(args, record_listeners=(trace,))
+    finally:
+        with open(a.trace, "a", encoding="utf-8") as fh:
+            fh.writelines(lines)
+
+
 def run_soakd(url: str, concurrency: int, duration: float, trace: bool = False,
               server_pid: int | None = None) -> ClientRun:
     """``python -m soakd run`` as a child process; req/s from its closed windows (requests sent in
@@ -517,27 +545,24 @@ def run_soakd(url: str, concurrency: int, duration: float, trace: bool = False,
         cfg.write_text(f"scenarios:\n  short_chat:\n    max_tokens: {N_TOKENS}\n"
                        f"log:\n  summary_interval: 600s\n")
         window = max(1, int(duration // 2)) if duration >= 2 else 1
-        cmd = [sys.executable, "-m", "soakd", "run", "-c", str(cfg), "--target", url + "/v1",
+        trace_path = Path(tmp) / "trace.txt"
+        cmd = [sys.executable, str(Path(__file__).resolve()), "_soakd", "--trace", str(trace_path) if trace else "",
+               "--", "run", "-c", str(cfg), "--target", url + "/v1",
                "--concurrency", str(concurrency), "--mix", "short_chat=1", "--duration", f"{duration}s",
                "--warmup", "0s", "--window", f"{window}s", "--grace", "10s", "--metrics-host", HOST,
                "--metrics-port", "0", "--no-progress", "--log-format", "json", "--state-dir", str(Path(tmp) / "state")]
-        env = dict(os.environ)
-        env.pop("SOAKD_TRACE_FILE", None)
-        trace_path = Path(tmp) / "trace.txt"
-        if trace:
-            env["SOAKD_TRACE_FILE"] = str(trace_path)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SOAKD_")}
         log: list[str] = []
         with subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env) as proc:
             cpu, srv_cpu = _watch(proc, duration, log, server_pid)
             rc = proc.wait(timeout=duration + 60)
-        summaries = list((Path(tmp) / "state").glob("*/summary.json"))
-        if rc != 0 or not summaries:
+        reports = list((Path(tmp) / "state").glob("*/report.json"))
+        if rc != 0 or not reports:
             return ClientRun("soakd", note=f"failed (exit {rc}): {''.join(log)[-600:]}")
-        final = json.loads(summaries[0].read_text())
-        windows = final.get("windows") or []
+        windows = json.loads(reports[0].read_text()).get("windows") or []
         reqs = sum(w["requests"] for w in windows)
         span = sum(w["duration_seconds"] for w in windows) or duration
-        ok = int(final.get("outcomes", {}).get("ok", 0))
+        ok = sum(int(w["outcomes"].get("ok", 0)) for w in windows)
         rows: list[tuple[str, int, int, int]] = []
         if trace and trace_path.exists():
             for line in trace_path.read_text().splitlines():
@@ -810,6 +835,8 @@ def main(argv: list[str] | None = None) -> int:
         return _serve_cli(argv[1:])
     if argv and argv[0] == "_bare":
         return _bare_cli(argv[1:])
+    if argv and argv[0] == "_soakd":
+        return _soakd_cli(argv[1:])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="about 30 s: 3 s runs, one repeat")
     p.add_argument("--duration", type=float, help="seconds per capacity run (default 10; --quick 3)")

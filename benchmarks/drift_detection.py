@@ -46,7 +46,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from soakd.analysis.drift import DriftConfig, compare  # noqa: E402
+from soakd.analysis.drift import compare  # noqa: E402
+from soakd.config.analysis import DriftConfig  # noqa: E402
 from ddsketch import LogCollapsingLowestDenseDDSketch  # noqa: E402
 
 from soakd.analysis.sketch import BIN_LIMIT, RELATIVE_ACCURACY, quantile  # noqa: E402

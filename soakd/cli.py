@@ -17,8 +17,8 @@ from typing import Any
 import yaml
 
 from soakd import __version__
-from soakd.config import BUILTIN_SCENARIOS, ConfigError, SoakConfig, load_config
-from soakd.durations import parse_duration
+from soakd.config import ConfigError, SoakConfig, load_config
+from soakd.core.durations import parse_duration
 
 EXIT_OK, EXIT_FAIL, EXIT_CONFIG = 0, 1, 2
 
@@ -178,29 +178,46 @@ def _install_signals(daemon: Any) -> None:
 # ---- run ---------------------------------------------------------------------------------------
 
 
-async def _soak(cfg: SoakConfig, progress: bool | None = None,
-                nvml_module: Any = None, new_run: bool = False) -> tuple[int, dict[str, Any] | None]:
-    from soakd.daemon import SoakDaemon, StartupError
+async def _soak(cfg: SoakConfig, progress: bool | None = None, nvml_module: Any = None, new_run: bool = False,
+                record_listeners: tuple[Any, ...] = ()) -> tuple[int, Any]:
+    from soakd.runtime import Runtime, StartupError
 
-    daemon = SoakDaemon(cfg, progress=progress, nvml_module=nvml_module, new_run=new_run)
-    _install_signals(daemon)
+    runtime = Runtime(cfg, progress=progress, nvml_module=nvml_module, new_run=new_run,
+                      record_listeners=record_listeners)
+    _install_signals(runtime)
     try:
-        final = await daemon.run()
+        outcome = await runtime.run()
     except StartupError as exc:
         sys.stderr.write(f"soakd: {exc}\n")
         return EXIT_FAIL, None
-    stopped = final.get("stop_reason") in ("SIGTERM", "SIGINT")
-    if final.get("stop_reason") == "target_unreachable":
-        return EXIT_FAIL, final
-    if stopped:
-        return EXIT_OK, final  # a graceful stop; the run stays resumable and its verdict is interim
-    if final.get("requests_measured", 0) <= 0 and not final.get("windows"):
-        return EXIT_FAIL, final
-    verdict = final.get("verdict") or {}
-    return (EXIT_OK if verdict.get("passed", True) else EXIT_FAIL), final
+    if outcome.stop_reason == "target_unreachable":
+        return EXIT_FAIL, outcome
+    if outcome.graceful_stop:
+        return EXIT_OK, outcome  # a graceful stop; the run stays resumable and its verdict is interim
+    if outcome.requests_measured <= 0 and not outcome.windows:
+        return EXIT_FAIL, outcome
+    verdict = outcome.verdict or {}
+    return (EXIT_OK if verdict.get("passed", True) else EXIT_FAIL), outcome
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def _print_summary(cfg: SoakConfig, outcome: Any) -> None:
+    """The terminal summary, rendered from the run's report in the store."""
+    from soakd.report import ReportError, build_report
+    from soakd.report.summary import format_summary
+    from soakd.store import StoreError, StoreReader
+
+    try:
+        with StoreReader(cfg.run.state_dir) as reader:
+            report = build_report(reader, outcome.run_id)
+    except (StoreError, ReportError) as exc:
+        sys.stderr.write(f"soakd: no summary: {exc}\n")
+        return
+    sys.stdout.write(format_summary(report, outcome.prompt_length_accuracy))
+
+
+def cmd_run(args: argparse.Namespace, record_listeners: tuple[Any, ...] = ()) -> int:
+    """``soakd run``. ``record_listeners``: callables given every finished request record (for
+    tools that embed soakd, such as benchmarks/client_capacity.py's trace)."""
     from soakd import logging_setup
 
     try:
@@ -213,11 +230,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _config_error(exc)
     logging_setup.configure(cfg.log.format, cfg.log.level)
     try:
-        code, final = _run_async(_soak(cfg, new_run=args.new_run))
+        code, outcome = _run_async(_soak(cfg, new_run=args.new_run, record_listeners=record_listeners))
     except ConfigError as exc:
         return _config_error(exc)
-    if final is not None and logging_setup.use_console(cfg.log.format):
-        sys.stdout.write(format_summary(final))
+    if outcome is not None and logging_setup.use_console(cfg.log.format):
+        _print_summary(cfg, outcome)
     return code
 
 
@@ -267,9 +284,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     logging_setup.configure(cfg.log.format, cfg.log.level)
     progress = cfg.log.progress if cfg.log.progress is not None else True
 
-    async def demo() -> tuple[int, dict[str, Any] | None]:
+    async def demo() -> tuple[int, Any]:
         from soakd.sim import fake_pynvml
-        from soakd.sim.config import SimConfig
+        from soakd.config.sim import SimConfig
         from soakd.sim.server import SimServer
 
         sim_data = cfg.sim.model_dump()
@@ -292,65 +309,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
             return await _soak(run_cfg, progress=progress, nvml_module=nvml, new_run=True)
 
     try:
-        code, final = _run_async(demo())
+        code, outcome = _run_async(demo())
     except ConfigError as exc:
         return _config_error(exc)
-    if final is not None:
-        sys.stdout.write(format_summary(final))
+    if outcome is not None:
+        _print_summary(cfg, outcome)
     return code
-
-
-# ---- summary table -----------------------------------------------------------------------------
-
-
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v * 1000:.0f}"
-
-
-def format_summary(final: dict[str, Any]) -> str:
-    lines = ["", f"soakd summary — run {final.get('run_id')} against {final.get('target')} "
-             f"(model {final.get('model')}), ended: {final.get('stop_reason')}"]
-    windows = final.get("windows") or []
-    if windows:
-        lines.append("")
-        lines.append(" window   reqs   req/s   tok/s  e2e p50/p95 ms  ttft p50/p95 ms  itl p95 ms  errors")
-        for w in windows:
-            e, t, i = w["e2e_seconds"], w["ttft_seconds"], w["itl_seconds"]
-            err = w["error_rate"]
-            lines.append(
-                f" {w['window']:>5}{'*' if w['partial'] else ' '} {w['requests']:>6} {w['requests_per_second']:>7.1f} "
-                f"{w['output_tokens_per_second']:>7.0f}  {_ms(e['p50']):>6}/{_ms(e['p95']):<7} "
-                f"{_ms(t['p50']):>7}/{_ms(t['p95']):<8} {_ms(i['p95']):>10}  "
-                f"{'-' if err is None else f'{err:.2%}'}"
-            )
-        if any(w["partial"] for w in windows):
-            lines.append(" (* partial window)")
-    outcomes = final.get("outcomes") or {}
-    lines.append("")
-    lines.append(f" requests measured: {final.get('requests_measured', 0)}   outcomes: "
-                 + ", ".join(f"{k}={v}" for k, v in outcomes.items() if v))
-    findings = final.get("findings") or []
-    if findings:
-        lines.append("")
-        lines.append(f" findings ({len(findings)}):")
-        for f in findings[-10:]:
-            lines.append(f"  - [{f.get('severity')}] {f.get('kind')}: {f.get('diagnosis')} — {str(f.get('message'))[:150]}")
-    verdict = final.get("verdict")
-    if verdict:
-        stab = verdict.get("stability") or {}
-        unstable = [m for m, v in stab.items() if v.get("stable") is False]
-        lines.append("")
-        lines.append(f" verdict: {verdict.get('result')}" + (
-            "" if verdict.get("passed") else " — " + "; ".join(verdict.get("reasons") or [])))
-        if stab:
-            lines.append(" stability ((max-min)/median over full windows, method's 5%): "
-                         + ("all tracked quantities within" if not unstable else "outside for " + ", ".join(unstable)))
-    acc = final.get("prompt_length_accuracy")
-    if acc:
-        lines.append(f" prompt length vs target (server usage): median {acc['median']:+.1%}, "
-                     f"p05 {acc['p05']:+.1%}, p95 {acc['p95']:+.1%} over {acc['samples']} requests")
-    lines.append("")
-    return "\n".join(lines)
 
 
 # ---- check -------------------------------------------------------------------------------------
@@ -554,5 +518,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
 
-
-_ = BUILTIN_SCENARIOS

@@ -29,7 +29,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from soakd.client.records import OUTCOMES
+from soakd.core.records import OUTCOMES
 
 Kind = Literal["counter", "gauge", "histogram", "info"]
 
@@ -56,6 +56,24 @@ class MetricSpec:
     labels: tuple[str, ...] = ()
     buckets: tuple[float, ...] = ()
     group: str = "load"
+
+    @property
+    def family_name(self) -> str:
+        """The name prometheus_client's families take: counters without ``_total``, info metrics
+        without ``_info`` (they add the suffix to their samples)."""
+        if self.kind == "counter":
+            return self.name.removesuffix("_total")
+        if self.kind == "info":
+            return self.name.removesuffix("_info")
+        return self.name
+
+    def family(self, labels: tuple[str, ...] | list[str] | None = None) -> Metric:
+        """A new, empty metric family of this metric (name, type, help, labels from the
+        catalogue); add samples with ``add_metric``."""
+        names = list(self.labels if labels is None else labels)
+        cls = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily, "histogram": HistogramMetricFamily,
+               "info": InfoMetricFamily}[self.kind]
+        return cls(self.family_name, self.help, labels=names)
 
 
 CATALOGUE: tuple[MetricSpec, ...] = (
@@ -269,8 +287,7 @@ class LabeledCounter:
         return self.values.get(labels, 0.0)
 
     def family(self) -> Metric:
-        base = self.spec.name.removesuffix("_total")
-        fam = CounterMetricFamily(base, self.spec.help, labels=self.spec.labels)
+        fam = self.spec.family()
         for labels, value in self.values.items():
             fam.add_metric(list(labels), value)
         return fam
@@ -329,7 +346,7 @@ class LabeledHistogram:
         return h
 
     def family(self) -> Metric:
-        fam = HistogramMetricFamily(self.spec.name, self.spec.help, labels=self.spec.labels)
+        fam = self.spec.family()
         for labels, h in self.children.items():
             fam.add_metric(list(labels), h.buckets(), h.sum)
         return fam
@@ -343,7 +360,7 @@ class Gauge:
     def family(self) -> Metric | None:
         if self.value is None:
             return None
-        fam = GaugeMetricFamily(self.spec.name, self.spec.help)
+        fam = self.spec.family()
         fam.add_metric([], self.value)
         return fam
 
@@ -368,6 +385,7 @@ class SoakMetrics:
         self.usage_missing = LabeledCounter(S["soakd_usage_missing_total"])
         self.warmup_requests = LabeledCounter(S["soakd_warmup_requests_total"])
         self.late_sends = LabeledCounter(S["soakd_late_sends_total"])
+        self.windows_closed = LabeledCounter(S["soakd_windows_closed_total"])
         self.e2e = LabeledHistogram(S["soakd_request_duration_seconds"])
         self.ttft = LabeledHistogram(S["soakd_time_to_first_token_seconds"])
         self.itl = LabeledHistogram(S["soakd_inter_token_latency_seconds"])
@@ -390,10 +408,11 @@ class SoakMetrics:
         for outcome in OUTCOMES:
             self.warmup_requests.init(outcome)
         self.late_sends.init()
+        self.windows_closed.init()
 
     def _families(self) -> Iterator[Metric]:
         for counter in (self.requests, self.failures, self.prompt_tokens, self.completion_tokens,
-                        self.usage_missing, self.warmup_requests, self.late_sends):
+                        self.usage_missing, self.warmup_requests, self.late_sends, self.windows_closed):
             yield counter.family()
         for hist in (self.e2e, self.ttft, self.itl):
             yield hist.family()
@@ -402,7 +421,7 @@ class SoakMetrics:
             fam = gauge.family()
             if fam is not None:
                 yield fam
-        info = InfoMetricFamily("soakd_build", BY_NAME["soakd_build_info"].help)
+        info = BY_NAME["soakd_build_info"].family(labels=())
         info.add_metric([], {"version": self.version})
         yield info
 

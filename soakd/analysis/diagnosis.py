@@ -44,16 +44,17 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from soakd.analysis.drift import METRICS, DriftConfig, DriftResult, compare
+from soakd.analysis.drift import DriftResult, compare
 from soakd.analysis.leak import LeakResult
 from soakd.analysis.stats import ratio_ci
 from soakd.analysis.throttle import ThrottleResult
+from soakd.config.analysis import DiagnosisConfig, DriftConfig
+from soakd.core.summary import WindowSummary
+from soakd.core.tracked import METRICS
 
-__all__ = ["DIAGNOSES", "TROUBLESHOOTING", "DiagnosisConfig", "Finding", "diagnose"]
+__all__ = ["DIAGNOSES", "TROUBLESHOOTING", "Finding", "diagnose"]
 
-Window = dict[str, Any]
+Window = WindowSummary
 Kind = Literal["drift", "leak", "throttle", "canary", "errors", "target"]
 Severity = Literal["info", "warning", "critical"]
 
@@ -113,29 +114,6 @@ _OUTAGE_METRICS = frozenset(
 )
 
 
-class DiagnosisConfig(BaseModel):
-    """Diagnosis rules (``analysis.diagnosis``)."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    long_scenario: str = Field(
-        "long_context", description="Scenario compared with short_scenario for bandwidth or cache pressure."
-    )
-    short_scenario: str = Field("short_chat", description="The latency-sensitive reference scenario.")
-    timeout_share: float = Field(
-        0.01, ge=0, lt=1, description="Timeouts above this share of a window's requests (target up) are overload."
-    )
-    error_share: float = Field(
-        0.01, ge=0, lt=1, description="HTTP and connection errors above this share (target up) are server errors."
-    )
-    invalid_share_critical: float = Field(
-        0.01,
-        ge=0,
-        lt=1,
-        description="Invalid responses above this share make garbled output critical (any is a warning).",
-    )
-
-
 @dataclass(frozen=True)
 class Finding:
     kind: Kind
@@ -154,7 +132,7 @@ def _pct(x: float) -> str:
 
 
 def _outcomes(window: Window) -> tuple[int, dict[str, int]]:
-    return int(window.get("requests") or 0), {k: int(v or 0) for k, v in (window.get("outcomes") or {}).items()}
+    return window.requests, {k: int(v or 0) for k, v in window.outcomes.items()}
 
 
 def _degraded(results: Iterable[DriftResult], metrics: frozenset[str]) -> list[DriftResult]:
@@ -197,10 +175,10 @@ def diagnose(
     drift_cfg = drift_cfg or DriftConfig()
     drift_results = list(drift_results)
     throttles = [t for t in throttle_results if t.detected]
-    idx = window.get("window")
+    idx = window.window
     out: list[Finding] = []
     n, oc = _outcomes(window)
-    down = target_down_seconds if target_down_seconds is not None else float(window.get("target_down_seconds") or 0.0)
+    down = target_down_seconds if target_down_seconds is not None else window.target_down_seconds
 
     explained: set[str] = set()  # drifted metrics a finding below accounts for
 
@@ -224,7 +202,8 @@ def diagnose(
     if n and down <= 0:
         share = oc.get("timeout", 0) / n
         if share > cfg.timeout_share:
-            waiting = (window.get("server") or {}).get("requests_waiting") or {}
+            rw = window.server.requests_waiting
+            waiting = rw.model_dump() if rw is not None else {}
             q = ""
             if waiting.get("mean") is not None:
                 q = f"; server queue mean {waiting['mean']:.1f}, max {waiting.get('max') or 0:.0f}"
@@ -277,8 +256,8 @@ def diagnose(
             ))  # fmt: skip
 
     # --- long context slowing down faster than short chat
-    if baseline is not None and baseline.get("window") != idx:
-        scen, base_scen = window.get("scenarios") or {}, baseline.get("scenarios") or {}
+    if baseline is not None and baseline.window != idx:
+        scen, base_scen = window.scenarios, baseline.scenarios
         long_s, short_s = cfg.long_scenario, cfg.short_scenario
         if all(s in scen and s in base_scen for s in (long_s, short_s)):
             hits = []

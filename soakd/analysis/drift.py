@@ -1,6 +1,6 @@
 """Drift: each tracked quantity of a window against the baseline window and the previous window.
 
-Method (pure functions over window summaries, ``WindowStats.summary()`` plus the ``*_ci``
+Method (pure functions over window summaries, :class:`~soakd.core.summary.WindowSummary` with the ``*_ci``
 intervals of ``soakd.analysis.stats``):
 
 * **Change.** For each metric the signed relative change ``ratio = value / reference - 1`` (the
@@ -37,10 +37,9 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ValidationError
 
 from soakd.analysis.stats import (
-    as_float,
     difference_ci,
     energy_per_token_ci,
     rate_ci,
@@ -48,13 +47,12 @@ from soakd.analysis.stats import (
     tokens_rate_ci,
     wilson_ci,
 )
+from soakd.config.analysis import DriftConfig
+from soakd.core.summary import CI, Quantiles, ScenarioSummary, WindowSummary
+from soakd.core.tracked import METRICS
 
 __all__ = [
-    "DEFAULT_METRICS",
-    "METRICS",
-    "DriftConfig",
     "DriftResult",
-    "MetricSpec",
     "baseline_from_report",
     "choose_baseline",
     "compare",
@@ -64,129 +62,7 @@ __all__ = [
     "stability",
 ]
 
-CI = tuple[float, float]
-Window = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class MetricSpec:
-    name: str
-    kind: Literal["quantile", "requests_rate", "tokens_rate", "error_rate", "energy"]
-    higher_is_worse: bool
-    field: str | None = None  # e.g. "e2e_seconds"
-    q: str | None = None  # e.g. "p95"
-    unit: str = ""
-
-    @property
-    def absolute(self) -> bool:
-        return self.kind == "error_rate"
-
-
-def _quantile_specs() -> dict[str, MetricSpec]:
-    out = {}
-    for short, fld in (("e2e", "e2e_seconds"), ("ttft", "ttft_seconds"), ("itl", "itl_seconds")):
-        for q in ("p50", "p95", "p99"):
-            out[f"{short}_{q}"] = MetricSpec(f"{short}_{q}", "quantile", True, fld, q, "seconds")
-    return out
-
-
-METRICS: dict[str, MetricSpec] = {
-    **_quantile_specs(),
-    "output_tokens_per_second": MetricSpec("output_tokens_per_second", "tokens_rate", False, unit="tokens/s"),
-    "requests_per_second": MetricSpec("requests_per_second", "requests_rate", False, unit="requests/s"),
-    "error_rate": MetricSpec("error_rate", "error_rate", True, unit="ratio"),
-    "energy_per_token": MetricSpec("energy_per_token", "energy", True, unit="J/token"),
-}
-
-DEFAULT_METRICS: tuple[str, ...] = (
-    "e2e_p50",
-    "e2e_p95",
-    "ttft_p50",
-    "ttft_p95",
-    "itl_p50",
-    "itl_p95",
-    "output_tokens_per_second",
-    "requests_per_second",
-    "error_rate",
-    "energy_per_token",
-)
-
-
-class DriftConfig(BaseModel):
-    """Drift detection (``analysis.drift``)."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    threshold: float = Field(
-        0.05,
-        gt=0,
-        lt=1,
-        description="Relative change (0.05 = 5%) against the baseline or previous window beyond which a "
-        "metric has drifted, when the change is also statistically significant.",
-    )
-    error_rate_threshold: float = Field(
-        0.01,
-        gt=0,
-        lt=1,
-        description="error_rate is compared in absolute terms: the difference of the two error ratios "
-        "(0.01 = one percentage point) beyond which it has drifted.",
-    )
-    per_metric: dict[str, float] = Field(
-        default_factory=dict,
-        description="Per-metric thresholds overriding threshold (and error_rate_threshold), e.g. "
-        "{e2e_p95: 0.08}. Keys are metric names.",
-    )
-    confidence: float = Field(
-        0.95,
-        gt=0.5,
-        lt=1,
-        description="Confidence of the intervals: a drift is flagged only when the whole interval of the "
-        "change lies beyond the threshold. Also pass it to quantile_ci at window close.",
-    )
-    min_requests: int = Field(
-        50,
-        ge=1,
-        description="A window (or reference) with fewer samples of a metric than this is 'insufficient', "
-        "never flagged. 50 keeps the Poisson, Wilson and order-statistic approximations sound; "
-        "quantiles need more (p95 needs 110 at 95%) and are insufficient below that anyway.",
-    )
-    metrics: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_METRICS),
-        description="Tracked metrics: e2e/ttft/itl _p50/_p95/_p99, output_tokens_per_second, "
-        "requests_per_second, error_rate, energy_per_token.",
-    )
-
-    @field_validator("metrics")
-    @classmethod
-    def _known_metrics(cls, v: list[str]) -> list[str]:
-        bad = [m for m in v if m not in METRICS]
-        if bad:
-            raise ValueError(f"unknown metric(s) {bad}; known: {sorted(METRICS)}")
-        if len(set(v)) != len(v):
-            raise ValueError("metrics are listed more than once")
-        return v
-
-    @field_validator("per_metric")
-    @classmethod
-    def _known_overrides(cls, v: dict[str, float]) -> dict[str, float]:
-        bad = [m for m in v if m not in METRICS]
-        if bad:
-            raise ValueError(f"unknown metric(s) {bad}; known: {sorted(METRICS)}")
-        for m, t in v.items():
-            if not 0 < t < 1:
-                raise ValueError(f"threshold for {m} must be in (0, 1), got {t}")
-        return v
-
-    @model_validator(mode="after")
-    def _non_empty(self) -> DriftConfig:
-        if not self.metrics:
-            raise ValueError("metrics must name at least one metric")
-        return self
-
-    def threshold_for(self, metric: str) -> float:
-        if metric in self.per_metric:
-            return self.per_metric[metric]
-        return self.error_rate_threshold if metric == "error_rate" else self.threshold
+Window = WindowSummary
 
 
 @dataclass(frozen=True)
@@ -251,8 +127,6 @@ def _as_ci(v: Any) -> CI | None:
     return float(lo), float(hi)
 
 
-_num = as_float
-
 
 def metric_value(
     window: Window, metric: str, *, scenario: str | None = None, confidence: float = 0.95
@@ -269,45 +143,36 @@ def metric_value(
         raise KeyError(f"unknown metric {metric!r}; known: {sorted(METRICS)}")
     if window is None:
         return None, None, 0
-    src = window if scenario is None else (window.get("scenarios") or {}).get(scenario)
-    if not src:
+    src: WindowSummary | ScenarioSummary | None = window if scenario is None else window.scenarios.get(scenario)
+    if src is None:
         return None, None, 0
-    duration = _num(window.get("duration_seconds"))
-    requests = int(src.get("requests") or 0)
-    outcomes = src.get("outcomes") or {}
-    ok = int(outcomes.get("ok", requests) or 0)
+    duration = window.duration_seconds or None
+    requests = src.requests
+    ok = int(src.outcomes.get("ok", requests) or 0)
 
     if spec.kind == "quantile":
-        d = src.get(spec.field) or {}
-        value = _num(d.get(spec.q))
-        n = int(d.get("count") or 0)
-        if spec.field == "itl_seconds":
-            streams = (src.get("ttft_seconds") or {}).get("count")
-            if streams:
-                n = min(n, int(streams))
-        return value, _as_ci(d.get(f"{spec.q}_ci")), n
+        d: Quantiles = getattr(src, spec.field)
+        n = d.count
+        if spec.field == "itl_seconds" and src.ttft_seconds.count:
+            n = min(n, src.ttft_seconds.count)
+        return d.get(spec.q), _as_ci(d.ci(spec.q)), n
 
     if spec.kind == "requests_rate":
-        value = _num(src.get("requests_per_second"))
         ci = rate_ci(requests, duration, confidence) if duration else None
-        return value, ci, requests
+        return src.requests_per_second, ci, requests
 
     if spec.kind == "tokens_rate":
-        value = _num(src.get("output_tokens_per_second"))
-        if value is None:
-            return None, None, requests
-        tokens = _num(src.get("completion_tokens"))
-        if tokens is None and duration:
-            tokens = value * duration
+        value = src.output_tokens_per_second
+        tokens = float(src.completion_tokens)
         ci = (
-            tokens_rate_ci(tokens, duration, _num(src.get("completion_tokens_sumsq")), ok, confidence)
-            if duration and tokens is not None
+            tokens_rate_ci(tokens, duration, src.completion_tokens_sumsq, ok, confidence)
+            if duration
             else None
         )
         return value, ci, requests
 
     if spec.kind == "error_rate":
-        value = _num(src.get("error_rate"))
+        value = src.error_rate
         if value is None and requests:
             value = 1.0 - ok / requests
         ci = wilson_ci(requests - ok, requests, confidence) if requests else None
@@ -316,19 +181,19 @@ def metric_value(
     # energy per output token: a device-level quantity, not split per scenario
     if scenario is not None:
         return None, None, requests
-    dev = window.get("device") or {}
-    value = _num(dev.get("energy_per_output_token_joules"))
+    dev = window.device
+    value = dev.energy_per_output_token_joules
     if value is None:
         return None, None, requests
-    power = dev.get("power_watts") or {}
+    power = dev.power_watts
     ci = energy_per_token_ci(
         value,
-        _num(window.get("completion_tokens")) or 0.0,
-        _num(window.get("completion_tokens_sumsq")),
+        float(window.completion_tokens),
+        window.completion_tokens_sumsq,
         ok,
-        _num(power.get("stdev")),
-        _num(power.get("mean")),
-        int(power.get("count") or 0),
+        power.stdev if power else None,
+        power.mean if power else None,
+        power.count if power else 0,
         confidence,
     )
     return value, ci, requests
@@ -361,8 +226,8 @@ def compare(
         threshold=thr,
         n=n,
         reference_n=rn,
-        window=(window or {}).get("window"),
-        reference_window=(reference or {}).get("window"),
+        window=window.window if window is not None else None,
+        reference_window=reference.window if reference is not None else None,
         scenario=scenario,
     )
     if v is None or r is None or (not spec.absolute and r <= 0):
@@ -403,9 +268,9 @@ def evaluate(
     """
     cfg = cfg or DriftConfig()
     out: list[DriftResult] = []
-    idx = window.get("window")
+    idx = window.window
     for ref, kind in ((baseline, "baseline"), (previous, "previous")):
-        if ref is None or (ref is window) or (idx is not None and ref.get("window") == idx and kind == "baseline"):
+        if ref is None or (ref is window) or (ref.window == idx and kind == "baseline"):
             continue
         for metric in cfg.metrics:
             out.append(compare(window, ref, metric, cfg, reference_kind=kind, scenario=scenario))
@@ -417,32 +282,39 @@ def evaluate(
 
 
 def _sufficient(window: Window, min_requests: int) -> bool:
-    ok = (window.get("e2e_seconds") or {}).get("count") or 0
-    return int(window.get("requests") or 0) >= min_requests and int(ok) >= min_requests
+    return window.requests >= min_requests and window.e2e_seconds.count >= min_requests
 
 
 def choose_baseline(windows: list[Window], min_requests: int = 50) -> Window | None:
     """The first full window: not partial, with at least ``min_requests`` requests and as many
     successful ones (a window in which everything failed is no baseline). Warm-up is never a
     window, so this is "the first full window after warm-up"."""
-    for w in sorted(windows, key=lambda w: w.get("window", 0)):
-        if not w.get("partial") and _sufficient(w, min_requests):
+    for w in sorted(windows, key=lambda w: w.window):
+        if not w.partial and _sufficient(w, min_requests):
             return w
     return None
 
 
 def baseline_from_report(report: Any, min_requests: int = 50) -> Window | None:
     """The baseline window of an earlier run's JSON report (already parsed): a list of window
-    summaries, or an object with ``"baseline"`` (used as is) or ``"windows"``."""
+    summaries, or an object with ``"baseline"`` (used as is) or ``"windows"``. ValueError when a
+    window in it is not a window summary."""
+
+    def load(items: list[Any]) -> list[WindowSummary]:
+        try:
+            return [WindowSummary.load(w) for w in items if isinstance(w, dict)]
+        except ValidationError as exc:
+            raise ValueError(f"not a soakd window summary: {exc.errors()[0]['msg']}") from None
+
     if isinstance(report, list):
-        return choose_baseline([w for w in report if isinstance(w, dict)], min_requests)
+        return choose_baseline(load(report), min_requests)
     if isinstance(report, dict):
         if isinstance(report.get("baseline"), dict):
-            return report["baseline"]
+            return load([report["baseline"]])[0]
         if isinstance(report.get("windows"), list):
-            return choose_baseline([w for w in report["windows"] if isinstance(w, dict)], min_requests)
+            return choose_baseline(load(report["windows"]), min_requests)
         if "window" in report and "requests" in report:
-            return report
+            return load([report])[0]
     return None
 
 
@@ -452,8 +324,8 @@ def baseline_from_report(report: Any, min_requests: int = 50) -> Window | None:
 
 def _eligible(windows: list[Window], metric: str, cfg: DriftConfig) -> list[tuple[Window, float, CI | None]]:
     out = []
-    for w in sorted(windows, key=lambda w: w.get("window", 0)):
-        if w.get("partial"):
+    for w in sorted(windows, key=lambda w: w.window):
+        if w.partial:
             continue
         v, ci, n = metric_value(w, metric, confidence=cfg.confidence)
         if v is None or n < cfg.min_requests:
@@ -560,27 +432,27 @@ def recurring_drops(
         return None
     episodes: list[list[tuple[Window, float]]] = []
     for w, v in dips:
-        if episodes and w.get("window", 0) - episodes[-1][-1][0].get("window", 0) == 1:
+        if episodes and w.window - episodes[-1][-1][0].window == 1:
             episodes[-1].append((w, v))
         else:
             episodes.append([(w, v)])
     if len(episodes) < 3:
         return None
-    starts = [e[0][0].get("window", 0) for e in episodes]
+    starts = [e[0][0].window for e in episodes]
     spacings = [b - a for a, b in zip(starts, starts[1:])]
     period = statistics.median(spacings)
     if period < 2 or any(abs(s - period) > max(1.0, 0.25 * period) for s in spacings):
         return None
-    times = [_num(e[0][0].get("start_unix")) for e in episodes]
+    times = [e[0][0].start_unix for e in episodes]
     if all(t is not None for t in times):
         period_s = statistics.median(b - a for a, b in zip(times, times[1:]))
     else:
-        durs = [_num(w.get("duration_seconds")) or 0.0 for w, _, _ in rows]
+        durs = [w.duration_seconds for w, _, _ in rows]
         period_s = period * statistics.median(durs)
     depths = [abs(v / med - 1.0) if not spec.absolute else abs(v - med) for w, v in dips]
     return {
         "metric": metric,
-        "dip_windows": [w.get("window") for w, _ in dips],
+        "dip_windows": [w.window for w, _ in dips],
         "episode_starts": starts,
         "period_windows": period,
         "period_seconds": period_s,

@@ -1,30 +1,75 @@
 """The analysis engine: every closed window goes through drift, throttle, leak and diagnosis;
-the results become gauges, counters, events and the run's verdict.
+the results become findings, events and the run's verdict.
 
-Pure bookkeeping (no I/O): the daemon feeds it window summaries and canary results, persists what
-it emits (``on_event``) and exposes ``families()`` on /metrics.
+Pure bookkeeping (no I/O, no metrics): the window pipeline feeds it window summaries, quiesce
+probes and canary results and persists what it emits (``on_event``); ``soakd.soak.exporter``
+reads its state for /metrics. It holds the run's one in-memory window history.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
-
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from typing import Any, Protocol
 
 from soakd.analysis import drift as drift_mod
 from soakd.analysis import leak as leak_mod
 from soakd.analysis import throttle as throttle_mod
 from soakd.analysis.diagnosis import Finding, diagnose
-from soakd.metrics import BY_NAME
-from soakd.samplers.reasons import CLOCKS_EVENT_REASON_NAMES
+from soakd.config.analysis import AnalysisConfig
+from soakd.core.summary import QuiesceProbe, WindowSummary
 
-Window = dict[str, Any]
+Window = WindowSummary
 EventSink = Callable[[str, str, str, dict[str, Any], int | None], None]  # kind, severity, message, data, window
 
 LEAK_SOURCES_BYTES = ("device_memory", "target_gpu_memory", "target_rss")
-KV_SOURCES = ("kv_cache", "kv_residue")
+
+
+class CanaryOutcome(Protocol):
+    """One canary check (``soakd.soak.canary.CanaryResult``)."""
+
+    ok: bool
+    match: bool | None
+    digest: str | None
+    reference: str | None
+    text: str
+    idle: bool
+
+
+class WindowHistory:
+    """Every closed window of the run, earlier segments included (bounded: the newest
+    ``max_windows``), in the order they closed; the partial one cut by the end of a segment too."""
+
+    def __init__(self, max_windows: int = 5000) -> None:
+        self.closed: deque[Window] = deque(maxlen=max_windows)
+
+    def restore(self, windows: Iterable[Window]) -> None:
+        self.closed.clear()
+        self.closed.extend(w for w in windows if not w.partial)
+
+    def add(self, w: Window) -> None:
+        self.closed.append(w)
+
+    @property
+    def last(self) -> Window | None:
+        return self.closed[-1] if self.closed else None
+
+    def full(self) -> list[Window]:
+        """The windows that are judged: not partial."""
+        return [w for w in self.closed if not w.partial]
+
+    def __len__(self) -> int:
+        return len(self.closed)
+
+    def error_rate(self) -> float | None:
+        """Run-wide share of failed measured requests over the full windows (cancelled ones are
+        not failures)."""
+        total = failed = 0
+        for w in self.full():
+            total += w.requests
+            failed += w.requests - int(w.outcomes.get("ok", 0)) - int(w.outcomes.get("cancelled", 0))
+        return failed / total if total else None
 
 
 @dataclass
@@ -47,16 +92,14 @@ class Verdict:
 
 
 class Analyzer:
-    def __init__(self, config: Any, on_event: EventSink | None = None, baseline: Window | None = None,
-                 max_windows: int = 5000) -> None:
-        self.cfg = config  # AnalysisConfig
+    def __init__(self, config: AnalysisConfig, on_event: EventSink | None = None, baseline: Window | None = None,
+                 history: WindowHistory | None = None) -> None:
+        self.cfg = config
         self.on_event = on_event
-        self.windows: list[Window] = []
-        self.max_windows = max_windows
+        self.history = history if history is not None else WindowHistory()
         self.baseline = baseline
         self.baseline_external = baseline is not None
         self.previous: Window | None = None
-        self.last_window: Window | None = None
         self.drift: dict[tuple[str, str], drift_mod.DriftResult] = {}
         self.drift_events: dict[str, int] = dict.fromkeys(self.cfg.drift.metrics, 0)
         self.drift_active: dict[str, bool] = dict.fromkeys(self.cfg.drift.metrics, False)
@@ -68,25 +111,28 @@ class Analyzer:
         self.failing: list[str] = []
         self.canary_checks = self.canary_mismatches = self.canary_errors = 0
         self.quiesce_probes = 0
-        self.last_quiesce: dict[str, Any] | None = None
+        self.last_quiesce: QuiesceProbe | None = None
         self.stability: dict[str, Any] = {}
+
+    @property
+    def last_window(self) -> Window | None:
+        return self.history.last
 
     # ---- inputs
     def restore(self, windows: list[Window], baseline: Window | None) -> None:
         """Resume: the windows of earlier segments (from the store) and the baseline."""
-        self.windows = [w for w in windows if not w.get("partial")][-self.max_windows:]
+        self.history.restore(windows)
         if baseline is not None and not self.baseline_external:
             self.baseline = baseline
-        self.previous = self.windows[-1] if self.windows else None
+        full = self.history.full()
+        self.previous = full[-1] if full else None
 
     def add_window(self, w: Window) -> list[Finding]:
         cfg = self.cfg
-        self.last_window = w
-        if self.baseline is None and not w.get("partial"):
+        if self.baseline is None and not w.partial:
             self.baseline = drift_mod.choose_baseline([w], cfg.drift.min_requests)
             if self.baseline is not None:
-                self._event("baseline", "info", f"window {w['window']} is the baseline",
-                            {"window": w["window"]}, w["window"])
+                self._event("baseline", "info", f"window {w.window} is the baseline", {"window": w.window}, w.window)
         results = drift_mod.evaluate(w, self.baseline if self.baseline is not w else None,
                                      self.previous, cfg.drift)
         for r in results:
@@ -98,18 +144,16 @@ class Analyzer:
                 self.drift_events[metric] = self.drift_events.get(metric, 0) + 1
         self.throttles = throttle_mod.evaluate(w, self.baseline, cfg.throttle)
         self.throttle_detected = any(t.detected for t in self.throttles)
-        if not w.get("partial"):
-            self.windows.append(w)
-            if len(self.windows) > self.max_windows:
-                self.windows = self.windows[-self.max_windows:]
-        leaks = leak_mod.evaluate(self.windows, cfg.leak)
+        self.history.add(w)
+        full = self.history.full()
+        leaks = leak_mod.evaluate(full, cfg.leak)
         new_leaks = [lk for lk in leaks if lk.suspected and not (self.leaks.get(lk.source)
                                                                and self.leaks[lk.source].suspected)]
         self.leaks = {lk.source: lk for lk in leaks}
         kv_res = self.leaks.get("kv_residue")
-        if w.get("partial"):
+        if w.partial:
             # the window cut short by the end of the run: reported, not judged
-            self.stability = drift_mod.stability(self.windows, cfg.drift)
+            self.stability = drift_mod.stability(full, cfg.drift)
             return []
         findings = diagnose(
             w,
@@ -123,12 +167,11 @@ class Analyzer:
         )
         for f in findings:
             self._finding(f)
-        if not w.get("partial"):
-            self.previous = w
-        self.stability = drift_mod.stability(self.windows, cfg.drift)
+        self.previous = w
+        self.stability = drift_mod.stability(full, cfg.drift)
         return findings
 
-    def add_canary(self, result: Any, window: int | None) -> None:
+    def add_canary(self, result: CanaryOutcome, window: int | None) -> None:
         self.canary_checks += 1
         if not result.ok:
             self.canary_errors += 1
@@ -146,7 +189,7 @@ class Analyzer:
             )
             self._finding(f)
 
-    def add_quiesce(self, probe: dict[str, Any]) -> None:
+    def add_quiesce(self, probe: QuiesceProbe) -> None:
         self.quiesce_probes += 1
         self.last_quiesce = probe
 
@@ -178,101 +221,22 @@ class Analyzer:
             return None
         return f"{kind}: {f.diagnosis} (window {f.window})"
 
-    def verdict(self, error_rate: float | None) -> Verdict:
+    def verdict(self) -> Verdict:
+        """The run's verdict: every failing finding, and the run-wide error rate against the budget."""
+        error_rate = self.history.error_rate()
         v = Verdict()
         v.reasons = list(dict.fromkeys(self.failing))
         if "errors" in self.cfg.verdict.fail_on and error_rate is not None and error_rate > self.cfg.verdict.error_budget:
             v.reasons.append(f"errors: error rate {error_rate:.2%} is above the budget "
                              f"{self.cfg.verdict.error_budget:.2%}")
         v.passed = not v.reasons
-        v.stability = drift_mod.stability(self.windows, self.cfg.drift)
+        full = self.history.full()
+        v.stability = drift_mod.stability(full, self.cfg.drift)
         drops = {}
         for metric in self.cfg.drift.metrics:
-            d = drift_mod.recurring_drops(self.windows, metric, self.cfg.drift)
+            d = drift_mod.recurring_drops(full, metric, self.cfg.drift)
             if d:
                 drops[metric] = d
         v.recurring_drops = drops
         v.findings = {f"{k}/{s}": n for (k, s), n in self.finding_counts.items()}
         return v
-
-    def families(self) -> Iterator[Metric]:
-        S = BY_NAME
-        g = GaugeMetricFamily
-        ratio = g("soakd_drift_ratio", S["soakd_drift_ratio"].help, labels=["metric", "reference"])
-        for (metric, ref), r in sorted(self.drift.items()):
-            if r.ratio is not None:
-                ratio.add_metric([metric, ref], r.ratio)
-        yield ratio
-        det = g("soakd_drift_detected", S["soakd_drift_detected"].help, labels=["metric"])
-        ev = CounterMetricFamily("soakd_drift_events", S["soakd_drift_events_total"].help, labels=["metric"])
-        for metric in self.cfg.drift.metrics:
-            det.add_metric([metric], 1.0 if self.drift_active.get(metric) else 0.0)
-            ev.add_metric([metric], float(self.drift_events.get(metric, 0)))
-        yield det
-        yield ev
-        w = self.last_window
-        if w is not None:
-            val = g("soakd_window_value", S["soakd_window_value"].help, labels=["metric"])
-            for metric in self.cfg.drift.metrics:
-                value, _ci, _n = drift_mod.metric_value(w, metric)
-                if value is not None:
-                    val.add_metric([metric], value)
-            yield val
-            req = g("soakd_window_requests", S["soakd_window_requests"].help)
-            req.add_metric([], float(w.get("requests") or 0))
-            yield req
-            ins = g("soakd_window_insufficient", S["soakd_window_insufficient"].help)
-            ins.add_metric([], 0.0 if (w.get("requests") or 0) >= self.cfg.drift.min_requests else 1.0)
-            yield ins
-        spread = g("soakd_stability_spread_ratio", S["soakd_stability_spread_ratio"].help, labels=["metric"])
-        for metric, st in sorted(self.stability.items()):
-            if st.get("spread") is not None:
-                spread.add_metric([metric], st["spread"])
-        yield spread
-        growth = g("soakd_memory_growth_bytes_per_hour", S["soakd_memory_growth_bytes_per_hour"].help,
-                   labels=["source"])
-        kvg = g("soakd_kv_cache_growth_ratio_per_hour", S["soakd_kv_cache_growth_ratio_per_hour"].help,
-                labels=["source"])
-        sus = g("soakd_memory_leak_suspected", S["soakd_memory_leak_suspected"].help, labels=["source"])
-        for source, lk in sorted(self.leaks.items()):
-            if lk.status == "no_data":
-                continue
-            sus.add_metric([source], 1.0 if lk.suspected else 0.0)
-            if lk.growth_per_hour is not None:
-                (growth if source in LEAK_SOURCES_BYTES else kvg).add_metric([source], lk.growth_per_hour)
-        yield growth
-        yield kvg
-        yield sus
-        thr = g("soakd_throttle_detected", S["soakd_throttle_detected"].help)
-        thr.add_metric([], 1.0 if self.throttle_detected else 0.0)
-        yield thr
-        share = (w or {}).get("device", {}).get("throttle_share") if w else None
-        if share:
-            sh = g("soakd_throttle_share_ratio", S["soakd_throttle_share_ratio"].help, labels=["reason"])
-            for reason in CLOCKS_EVENT_REASON_NAMES:
-                sh.add_metric([reason], float(share.get(reason, 0.0)))
-            yield sh
-        q = self.last_quiesce
-        if q is not None:
-            if q.get("kv_cache_usage_ratio") is not None:
-                fam = g("soakd_quiesce_kv_cache_usage_ratio", S["soakd_quiesce_kv_cache_usage_ratio"].help)
-                fam.add_metric([], q["kv_cache_usage_ratio"])
-                yield fam
-            if q.get("memory_used_bytes") is not None:
-                fam = g("soakd_quiesce_gpu_memory_used_bytes", S["soakd_quiesce_gpu_memory_used_bytes"].help)
-                fam.add_metric([], q["memory_used_bytes"])
-                yield fam
-        for name, value in (("soakd_quiesce_probes", self.quiesce_probes), ("soakd_canary_checks", self.canary_checks),
-                            ("soakd_canary_mismatch", self.canary_mismatches),
-                            ("soakd_canary_errors", self.canary_errors)):
-            c = CounterMetricFamily(name, S[name + "_total"].help)
-            c.add_metric([], float(value))
-            yield c
-        fc = CounterMetricFamily("soakd_findings", S["soakd_findings_total"].help, labels=["kind", "severity"])
-        for kind in ("drift", "leak", "throttle", "canary", "errors", "target"):
-            for sev in ("warning", "critical"):
-                fc.add_metric([kind, sev], float(self.finding_counts.get((kind, sev), 0)))
-        yield fc
-        vp = g("soakd_verdict_pass", S["soakd_verdict_pass"].help)
-        vp.add_metric([], 0.0 if self.failing else 1.0)
-        yield vp

@@ -33,19 +33,17 @@ Method:
 from __future__ import annotations
 
 import math
-import re
 import statistics
 from dataclasses import asdict, dataclass
-from typing import Annotated, Any, Literal
-
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from typing import Any, Literal
 
 from soakd.analysis.stats import as_float, z_value
+from soakd.config.analysis import LeakConfig
+from soakd.core.summary import WindowSummary
 
 __all__ = [
     "LEAK_SOURCES",
     "MAX_POINTS",
-    "LeakConfig",
     "LeakResult",
     "evaluate",
     "evaluate_memory",
@@ -59,9 +57,7 @@ MAX_POINTS = 500  # Theil-Sen is O(n^2) pairs; longer series are subsampled even
 
 LEAK_SOURCES: tuple[str, ...] = ("device_memory", "target_gpu_memory", "target_rss", "kv_cache")
 
-GIB = 1024**3
-
-Window = dict[str, Any]
+Window = WindowSummary
 
 
 # ---------------------------------------------------------------------------------------------
@@ -111,86 +107,6 @@ def theil_sen(
 
 def _intercept(xs: list[float], ys: list[float], slope: float) -> float:
     return statistics.median(y - slope * x for x, y in zip(xs, ys))
-
-
-# ---------------------------------------------------------------------------------------------
-# config
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
-_MULT = {
-    None: 1, "b": 1,
-    "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
-    "ki": 1024, "kib": 1024, "mi": 1024**2, "mib": 1024**2, "gi": GIB, "gib": GIB, "ti": 1024**4, "tib": 1024**4,
-}  # fmt: skip
-
-
-def parse_bytes(value: Any) -> float:
-    """A byte size as users write it: ``1073741824``, ``512MiB``, ``1GiB``, ``2GB``."""
-    if isinstance(value, bool):
-        raise ValueError(f"expected a size like 512MiB or 1GiB, got {value!r}")
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        m = _SIZE.match(value)
-        if m:
-            unit = m.group(2).lower() if m.group(2) else None
-            return float(m.group(1)) * _MULT[unit]
-    raise ValueError(f"expected a size like 512MiB, 1GiB or a number of bytes, got {value!r}")
-
-
-Bytes = Annotated[float, BeforeValidator(parse_bytes)]
-
-
-class LeakConfig(BaseModel):
-    """Leak detection (``analysis.leak``)."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    min_windows: int = Field(
-        6,
-        ge=3,
-        description="Windows needed before a trend is judged; fewer is 'insufficient'. 6 is the smallest "
-        "count for which Sen's 95% interval has finite bounds (at 30-minute windows: 3 hours).",
-    )
-    horizon_hours: float = Field(
-        24.0,
-        gt=0,
-        description="Projection horizon: growth per hour x horizon beyond the source's budget (with "
-        "significant growth) makes a leak suspected.",
-    )
-    device_memory_budget_bytes: Bytes = Field(
-        1 * GIB, gt=0, description="Device memory growth tolerated over the horizon (e.g. 1GiB)."
-    )
-    target_gpu_memory_budget_bytes: Bytes = Field(
-        1 * GIB, gt=0, description="Growth of the target process's GPU memory tolerated over the horizon."
-    )
-    target_rss_budget_bytes: Bytes = Field(
-        1 * GIB, gt=0, description="Growth of the target's host RSS tolerated over the horizon."
-    )
-    kv_cache_budget_ratio: float = Field(
-        0.1,
-        gt=0,
-        le=1,
-        description="Growth of the mean KV-cache usage ratio (at comparable load) tolerated over the "
-        "horizon (0.1 = 10 points).",
-    )
-    kv_residue_budget_ratio: float = Field(
-        0.05,
-        gt=0,
-        le=1,
-        description="Idle KV-cache residue (idle usage minus the first idle value) tolerated at the last "
-        "quiesce probe, when it grows significantly from probe to probe.",
-    )
-    confidence: float = Field(0.95, gt=0.5, lt=1, description="Confidence of Sen's slope interval.")
-
-    def budget_for(self, source: str) -> float:
-        return {
-            "device_memory": self.device_memory_budget_bytes,
-            "target_gpu_memory": self.target_gpu_memory_budget_bytes,
-            "target_rss": self.target_rss_budget_bytes,
-            "kv_cache": self.kv_cache_budget_ratio,
-            "kv_residue": self.kv_residue_budget_ratio,
-        }[source]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,27 +162,31 @@ _num = as_float
 
 def _source_value(window: Window, source: str) -> float | None:
     if source == "device_memory":
-        return _num(((window.get("device") or {}).get("memory_used_bytes") or {}).get("min"))
+        st = window.device.memory_used_bytes
+        return _num(st.min) if st else None
     if source == "target_gpu_memory":
-        return _num(((window.get("device") or {}).get("target_gpu_memory_bytes") or {}).get("min"))
+        st = window.device.target_gpu_memory_bytes
+        return _num(st.min) if st else None
     if source == "target_rss":
-        return _num(((window.get("host") or {}).get("target_rss_bytes") or {}).get("min"))
+        hs = window.host.target_rss_bytes
+        return _num(hs.min) if hs else None
     if source == "kv_cache":
-        return _num(((window.get("server") or {}).get("kv_cache_usage_ratio") or {}).get("mean"))
+        kv = window.server.kv_cache_usage_ratio
+        return _num(kv.mean) if kv else None
     raise KeyError(f"unknown leak source {source!r}; known: {LEAK_SOURCES}")
 
 
 def memory_series(windows: list[Window], source: str) -> list[tuple[float, float]]:
     """``(mid-window unix time, comparable value)`` of a source over the full windows."""
     out = []
-    for w in sorted(windows, key=lambda w: w.get("window", 0)):
-        if w.get("partial"):
+    for w in sorted(windows, key=lambda w: w.window):
+        if w.partial:
             continue
         v = _source_value(w, source)
-        t = _num(w.get("start_unix"))
+        t = _num(w.start_unix)
         if v is None or t is None:
             continue
-        out.append((t + (_num(w.get("duration_seconds")) or 0.0) / 2.0, v))
+        out.append((t + w.duration_seconds / 2.0, v))
     return out
 
 
@@ -305,9 +225,11 @@ def evaluate_memory(windows: list[Window], source: str, cfg: LeakConfig | None =
 def quiesce_probes(windows: list[Window], field: str = "kv_cache_usage_ratio") -> list[tuple[float, float]]:
     """``(t_unix, idle value)`` of every window's quiesce probe that measured ``field``."""
     out = []
-    for w in sorted(windows, key=lambda w: w.get("window", 0)):
-        q = w.get("quiesce") or {}
-        t, v = _num(q.get("t_unix")), _num(q.get(field))
+    for w in sorted(windows, key=lambda w: w.window):
+        q = w.quiesce
+        if q is None:
+            continue
+        t, v = _num(q.t_unix), _num(getattr(q, field))
         if t is not None and v is not None:
             out.append((t, v))
     return out

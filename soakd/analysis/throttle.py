@@ -16,51 +16,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-from soakd.samplers.reasons import CLOCKS_EVENT_REASON_NAMES
 from soakd.analysis.stats import as_float
+from soakd.config.analysis import ThrottleConfig
+from soakd.core.summary import WindowSummary
 
-__all__ = [
-    "PERFORMANCE_REASONS",
-    "POWER_REASONS",
-    "THERMAL_REASONS",
-    "ThrottleConfig",
-    "ThrottleResult",
-    "evaluate",
-]
+__all__ = ["ThrottleResult", "evaluate"]
 
-PERFORMANCE_REASONS: tuple[str, ...] = ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
-THERMAL_REASONS = frozenset({"sw_thermal", "hw_thermal", "hw_slowdown"})  # hw_slowdown: thermal or power
-POWER_REASONS = frozenset({"sw_power_cap", "hw_power_brake", "hw_slowdown"})
-
-Window = dict[str, Any]
-
-
-class ThrottleConfig(BaseModel):
-    """Throttle detection (``analysis.throttle``)."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    max_share: float = Field(
-        0.1,
-        ge=0,
-        lt=1,
-        description="A reason active in more than this share of a window's device samples is throttling.",
-    )
-    reasons: list[str] = Field(
-        default_factory=lambda: list(PERFORMANCE_REASONS),
-        description="Clocks-event reasons that count as throttling (default: sw_power_cap, hw_slowdown, "
-        "sw_thermal, hw_thermal, hw_power_brake).",
-    )
-
-    @field_validator("reasons")
-    @classmethod
-    def _known(cls, v: list[str]) -> list[str]:
-        bad = [r for r in v if r not in CLOCKS_EVENT_REASON_NAMES]
-        if bad:
-            raise ValueError(f"unknown clocks-event reason(s) {bad}; known: {list(CLOCKS_EVENT_REASON_NAMES)}")
-        return v
+Window = WindowSummary
 
 
 @dataclass(frozen=True)
@@ -115,23 +77,21 @@ def evaluate(window: Window, baseline: Window | None = None, cfg: ThrottleConfig
     a different baseline window has one, else the window's ``sm_clock_max_hertz``.
     """
     cfg = cfg or ThrottleConfig()
-    dev = window.get("device") or {}
-    shares = dev.get("throttle_share") or {}
+    dev = window.device
+    shares = dev.throttle_share or {}
     if not shares:
         return []
-    clock = dev.get("sm_clock_hertz") or {}
-    mean_clock = _num(clock.get("mean"))
+    mean_clock = _num(dev.sm_clock_hertz.mean) if dev.sm_clock_hertz else None
     ref, ref_kind = None, None
-    if baseline is not None and baseline is not window and baseline.get("window") != window.get("window"):
-        ref = _num(((baseline.get("device") or {}).get("sm_clock_hertz") or {}).get("mean"))
+    if baseline is not None and baseline is not window and baseline.window != window.window:
+        bclock = baseline.device.sm_clock_hertz
+        ref = _num(bclock.mean) if bclock else None
         ref_kind = "baseline" if ref else None
     if not ref:
-        ref = _num(dev.get("sm_clock_max_hertz"))
+        ref = _num(dev.sm_clock_max_hertz)
         ref_kind = "max" if ref else None
     drop = (1.0 - mean_clock / ref) if (mean_clock is not None and ref) else None
-    temp = dev.get("temperature_celsius") or {}
-    mtemp = dev.get("memory_temperature_celsius") or {}
-    power = dev.get("power_watts") or {}
+    temp, mtemp, power = dev.temperature_celsius, dev.memory_temperature_celsius, dev.power_watts
     out = []
     for reason in cfg.reasons:
         share = _num(shares.get(reason))
@@ -147,11 +107,11 @@ def evaluate(window: Window, baseline: Window | None = None, cfg: ThrottleConfig
                 sm_clock_reference=ref,
                 sm_clock_reference_kind=ref_kind,
                 sm_clock_drop_ratio=drop,
-                temperature_max=_num(temp.get("max")),
-                memory_temperature_max=_num(mtemp.get("max")),
-                power_mean=_num(power.get("mean")),
-                power_max=_num(power.get("max")),
-                window=window.get("window"),
+                temperature_max=_num(temp.max) if temp else None,
+                memory_temperature_max=_num(mtemp.max) if mtemp else None,
+                power_mean=_num(power.mean) if power else None,
+                power_max=_num(power.max) if power else None,
+                window=window.window,
             )
         )
     return out

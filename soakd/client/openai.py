@@ -30,7 +30,7 @@ import aiohttp
 from aiohttp.client_proto import ResponseHandler
 from yarl import URL
 
-from soakd.client.records import Outcome, RequestRecord
+from soakd.core.records import Outcome, RequestRecord
 from soakd.client.sse import SSEDecoder
 from soakd.client.validate import check_output, check_structure
 from soakd.config import TargetConfig

@@ -20,7 +20,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 from soakd import __version__
 from soakd.analysis.diagnosis import TROUBLESHOOTING
-from soakd.analysis.drift import DriftConfig, baseline_from_report, choose_baseline, metric_value
+from soakd.analysis.drift import baseline_from_report, choose_baseline, metric_value
+from soakd.config.analysis import DriftConfig
+from soakd.core.summary import WindowSummary
+from soakd.core.tracked import METRICS
 from soakd.store import SegmentRow, StoreReader, segment_gaps
 from soakd.analysis.stats import as_float
 
@@ -162,12 +165,12 @@ def _with_gaps(t: list[float], cols: dict[str, list[float | None]], gap: float
 # sections
 
 
-def _run_section(run: Any, config: Any, segments: list[SegmentRow], windows: list[dict[str, Any]],
+def _run_section(run: Any, config: Any, segments: list[SegmentRow], windows: list[WindowSummary],
                  server_kind: str | None = None) -> dict[str, Any]:
     gaps = segment_gaps(segments)
     ends = [s.ended_unix or s.last_seen_unix or s.started_unix for s in segments]
-    last_window_end = max((_f(w.get("start_unix")) or 0.0) + (_f(w.get("wall_duration_seconds"))
-                          or _f(w.get("duration_seconds")) or 0.0) for w in windows) if windows else None  # fmt: skip
+    last_window_end = max((w.start_unix or 0.0) + (w.wall_duration_seconds or w.duration_seconds or 0.0)
+                          for w in windows) if windows else None
     ended = run.ended_unix or (max(ends) if ends else None) or last_window_end
     last_seg = segments[-1] if segments else None
     if run.status == "running":
@@ -239,16 +242,15 @@ def _verdict_section(run: Any) -> dict[str, Any]:
     return out
 
 
-def _baseline(reader_baseline: tuple[int, dict[str, Any]] | None, windows: list[dict[str, Any]], config: Any,
-              drift_cfg: DriftConfig) -> tuple[dict[str, Any] | None, dict[str, Any] | None, dict[str, Any]]:
+def _baseline(reader_baseline: tuple[int, WindowSummary] | None, windows: list[WindowSummary], config: Any,
+              drift_cfg: DriftConfig) -> tuple[WindowSummary | None, WindowSummary | None, dict[str, Any]]:
     """(this run's baseline window, the baseline this run was compared with, info)."""
-    own: dict[str, Any] | None = None
+    own: WindowSummary | None = None
     if reader_baseline is not None:
         own = reader_baseline[1]
-        own.setdefault("window", reader_baseline[0])
     else:
-        own = choose_baseline([w for w in windows if not w.get("partial")], drift_cfg.min_requests)
-    info: dict[str, Any] = {"window": own.get("window") if own else None, "source": "this run" if own else None,
+        own = choose_baseline([w for w in windows if not w.partial], drift_cfg.min_requests)
+    info: dict[str, Any] = {"window": own.window if own else None, "source": "this run" if own else None,
                             "external_path": None, "external_window": None, "note": None}
     used = own
     path = _get(config, "analysis", "baseline")
@@ -262,7 +264,7 @@ def _baseline(reader_baseline: tuple[int, dict[str, Any]] | None, windows: list[
             info["note"] = f"the external baseline {path} could not be read now ({exc}); bands show this run's own"
         if ext is not None:
             used = ext
-            info.update(source="external", external_window=ext.get("window"))
+            info.update(source="external", external_window=ext.window)
         elif info["note"] is None:
             info["note"] = f"{path} holds no usable baseline window; bands show this run's own"
     if used is None:
@@ -271,44 +273,44 @@ def _baseline(reader_baseline: tuple[int, dict[str, Any]] | None, windows: list[
     return own, used, info
 
 
-def _window_row(w: dict[str, Any], baseline_idx: int | None, notes: Iterable[str]) -> dict[str, Any]:
-    dev, srv = w.get("device") or {}, w.get("server") or {}
-    oc = w.get("outcomes") or {}
-    requests = int(w.get("requests") or 0)
+def _window_row(w: WindowSummary, baseline_idx: int | None, notes: Iterable[str]) -> dict[str, Any]:
+    dev, srv = w.device, w.server
+    oc = w.outcomes
+    requests = w.requests
     errors = requests - int(oc.get("ok", requests) or 0) - int(oc.get("cancelled", 0) or 0)
-    mem = _get(dev, "memory_used_bytes", "mean")
-    kv = _get(srv, "kv_cache_usage_ratio", "mean")
-    clock = _get(dev, "sm_clock_hertz", "mean")
+    mem = dev.memory_used_bytes.mean if dev.memory_used_bytes else None
+    kv = srv.kv_cache_usage_ratio.mean if srv.kv_cache_usage_ratio else None
+    clock = dev.sm_clock_hertz.mean if dev.sm_clock_hertz else None
     flags = []
-    if w.get("window") == baseline_idx:
+    if w.window == baseline_idx:
         flags.append("baseline")
-    if w.get("partial"):
+    if w.partial:
         flags.append("partial")
-    if _f(w.get("target_down_seconds")):
+    if w.target_down_seconds:
         flags.append("target down")
     flags.extend(notes)
     return {
-        "window": w.get("window"),
-        "segment": w.get("segment"),
-        "partial": bool(w.get("partial")),
-        "start_unix": _f(w.get("start_unix")),
-        "start": iso(_f(w.get("start_unix"))),
-        "duration_seconds": _f(w.get("duration_seconds")),
+        "window": w.window,
+        "segment": w.segment,
+        "partial": w.partial,
+        "start_unix": w.start_unix,
+        "start": iso(w.start_unix),
+        "duration_seconds": w.duration_seconds,
         "requests": requests,
-        "requests_per_second": _f(w.get("requests_per_second")),
-        "output_tokens_per_second": _f(w.get("output_tokens_per_second")),
-        "e2e_p50": _f(_get(w, "e2e_seconds", "p50")), "e2e_p95": _f(_get(w, "e2e_seconds", "p95")),
-        "ttft_p50": _f(_get(w, "ttft_seconds", "p50")), "ttft_p95": _f(_get(w, "ttft_seconds", "p95")),
-        "itl_p50": _f(_get(w, "itl_seconds", "p50")), "itl_p95": _f(_get(w, "itl_seconds", "p95")),
+        "requests_per_second": w.requests_per_second,
+        "output_tokens_per_second": w.output_tokens_per_second,
+        "e2e_p50": w.e2e_seconds.p50, "e2e_p95": w.e2e_seconds.p95,
+        "ttft_p50": w.ttft_seconds.p50, "ttft_p95": w.ttft_seconds.p95,
+        "itl_p50": w.itl_seconds.p50, "itl_p95": w.itl_seconds.p95,
         "errors": max(0, errors),
-        "error_rate": _f(w.get("error_rate")),
+        "error_rate": w.error_rate,
         "outcomes": {k: v for k, v in oc.items() if v and k != "ok"},
-        "power_watts": _f(_get(dev, "power_watts", "mean")),
-        "temperature_celsius": _f(_get(dev, "temperature_celsius", "max")),
-        "sm_clock_mhz": _f(clock) / 1e6 if _f(clock) is not None else None,
-        "memory_gib": _f(mem) / 2**30 if _f(mem) is not None else None,
-        "kv_cache_usage_ratio": _f(kv),
-        "joules_per_token": _f(dev.get("energy_per_output_token_joules")),
+        "power_watts": dev.power_watts.mean if dev.power_watts else None,
+        "temperature_celsius": dev.temperature_celsius.max if dev.temperature_celsius else None,
+        "sm_clock_mhz": clock / 1e6 if clock is not None else None,
+        "memory_gib": mem / 2**30 if mem is not None else None,
+        "kv_cache_usage_ratio": kv,
+        "joules_per_token": dev.energy_per_output_token_joules,
         "notes": flags,
     }  # fmt: skip
 
@@ -360,19 +362,17 @@ def _findings(events: list[Any]) -> tuple[dict[str, list[dict[str, Any]]], list[
     return ordered, rows
 
 
-# metric -> (label, field of the window summary or None for metric_value)
-WINDOW_METRICS: dict[str, str] = {
-    "e2e_p50": "e2e p50", "e2e_p95": "e2e p95", "ttft_p50": "TTFT p50", "ttft_p95": "TTFT p95",
-    "itl_p50": "inter-token p50", "itl_p95": "inter-token p95", "requests_per_second": "requests/s",
-    "output_tokens_per_second": "output tokens/s", "error_rate": "error rate", "energy_per_token": "J/token",
-}  # fmt: skip
+# the tracked metrics the report charts and tabulates, in its order -> their labels
+WINDOW_METRICS: dict[str, str] = {m: METRICS[m].label for m in (
+    "e2e_p50", "e2e_p95", "ttft_p50", "ttft_p95", "itl_p50", "itl_p95", "requests_per_second",
+    "output_tokens_per_second", "error_rate", "energy_per_token")}
 
 
-def _window_series(windows: list[dict[str, Any]], used_baseline: dict[str, Any] | None,
+def _window_series(windows: list[WindowSummary], used_baseline: WindowSummary | None,
                    drift_cfg: DriftConfig, run_start: float) -> dict[str, Any]:
-    xs = [w.get("window") for w in windows]
-    out: dict[str, Any] = {"window": xs, "partial": [bool(w.get("partial")) for w in windows],
-                           "elapsed_seconds": [((_f(w.get("start_unix")) or run_start) - run_start) for w in windows],
+    xs = [w.window for w in windows]
+    out: dict[str, Any] = {"window": xs, "partial": [w.partial for w in windows],
+                           "elapsed_seconds": [((w.start_unix or run_start) - run_start) for w in windows],
                            "metrics": {}, "baseline": {}, "threshold": {}, "relative": {}}
     for metric in WINDOW_METRICS:
         vals = []
@@ -434,30 +434,37 @@ def _samples_series(reader: StoreReader, run_id: str, run_start: float) -> tuple
     return {"source": "samples", "period_seconds": period, "elapsed_seconds": t, "values": cols}, len(gpus)
 
 
-def _window_telemetry(windows: list[dict[str, Any]], run_start: float) -> dict[str, Any]:
-    paths = {
-        "memory_used_bytes": ("device", "memory_used_bytes", "mean"),
-        "power_watts": ("device", "power_watts", "mean"),
-        "temperature_celsius": ("device", "temperature_celsius", "max"),
-        "memory_temperature_celsius": ("device", "memory_temperature_celsius", "max"),
-        "sm_clock_hertz": ("device", "sm_clock_hertz", "mean"),
-        "kv_cache_usage_ratio": ("server", "kv_cache_usage_ratio", "mean"),
-        "requests_running": ("server", "requests_running", "mean"),
-        "requests_waiting": ("server", "requests_waiting", "mean"),
-    }
+def _stat(stat: Any, field: str) -> float | None:
+    return getattr(stat, field) if stat is not None else None
+
+
+# window telemetry: key -> (the window's statistic, its field)
+_WINDOW_TELEMETRY: dict[str, tuple[Any, str]] = {
+    "memory_used_bytes": (lambda w: w.device.memory_used_bytes, "mean"),
+    "power_watts": (lambda w: w.device.power_watts, "mean"),
+    "temperature_celsius": (lambda w: w.device.temperature_celsius, "max"),
+    "memory_temperature_celsius": (lambda w: w.device.memory_temperature_celsius, "max"),
+    "sm_clock_hertz": (lambda w: w.device.sm_clock_hertz, "mean"),
+    "kv_cache_usage_ratio": (lambda w: w.server.kv_cache_usage_ratio, "mean"),
+    "requests_running": (lambda w: w.server.requests_running, "mean"),
+    "requests_waiting": (lambda w: w.server.requests_waiting, "mean"),
+}
+
+
+def _window_telemetry(windows: list[WindowSummary], run_start: float) -> dict[str, Any]:
     t = []
     for w in windows:
-        s = _f(w.get("start_unix")) or run_start
-        t.append(s + (_f(w.get("wall_duration_seconds")) or _f(w.get("duration_seconds")) or 0.0) / 2 - run_start)
-    cols = {k: [_f(_get(w, *p)) for w in windows] for k, p in paths.items()}
-    mx = [_f(_get(w, "device", "sm_clock_max_hertz")) for w in windows]
+        s = w.start_unix or run_start
+        t.append(s + (w.wall_duration_seconds or w.duration_seconds or 0.0) / 2 - run_start)
+    cols = {k: [_stat(get(w), field) for w in windows] for k, (get, field) in _WINDOW_TELEMETRY.items()}
+    mx = [w.device.sm_clock_max_hertz for w in windows]
     if any(v is not None for v in mx):
         cols["sm_clock_max_hertz"] = mx
     cols = {k: v for k, v in cols.items() if any(x is not None for x in v)}
     return {"source": "windows", "period_seconds": None, "elapsed_seconds": t, "values": cols}
 
 
-def _telemetry(reader: StoreReader, run_id: str, windows: list[dict[str, Any]], run_start: float) -> dict[str, Any]:
+def _telemetry(reader: StoreReader, run_id: str, windows: list[WindowSummary], run_start: float) -> dict[str, Any]:
     """Per-minute samples when the run has at least two minutes of them, else the window means."""
     tel, n_gpus = _samples_series(reader, run_id, run_start)
     if len(tel["elapsed_seconds"]) < 2:
@@ -498,9 +505,8 @@ def build_report(reader: StoreReader, run_id: str | None = None, *, generated_un
         config = {}
     drift_cfg = _drift_config(config)
     segments = reader.load_segments(run.id)
-    windows = [_clean(w) for w in reader.load_windows(run.id)]
+    windows = reader.load_windows(run.id)
     own, used, base_info = _baseline(reader.load_baseline(run.id), windows, config, drift_cfg)
-    own = _clean(own) if own is not None else None
     events = reader.load_events(run.id)
     findings, troubleshooting = _findings(events)
 
@@ -514,7 +520,7 @@ def build_report(reader: StoreReader, run_id: str | None = None, *, generated_un
             if label not in lst:
                 lst.append(label)
     baseline_idx = base_info["window"] if base_info["source"] == "this run" else None
-    rows = [_window_row(w, baseline_idx, notes_by_window.get(w.get("window"), [])) for w in windows]
+    rows = [_window_row(w, baseline_idx, notes_by_window.get(w.window, [])) for w in windows]
 
     report: dict[str, Any] = {
         "schema": REPORT_SCHEMA,
@@ -533,8 +539,8 @@ def build_report(reader: StoreReader, run_id: str | None = None, *, generated_un
             "windows": _window_series(windows, used, drift_cfg, run.created_unix),
             "telemetry": _telemetry(reader, run.id, windows, run.created_unix),
         },
-        "windows": windows,
+        "windows": [w.dump() for w in windows],
     }
     if own is not None:
-        report["baseline"] = own
+        report["baseline"] = own.dump()
     return _clean(report)

@@ -17,32 +17,12 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import structlog
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import Metric
+
+from soakd.core.series import Series
+from soakd.metrics import BY_NAME
 
 log = structlog.get_logger("soakd.samplers")
-
-Labels = tuple[tuple[str, str], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Series:
-    """One sampled value of a catalogue metric. ``name`` is the exposition name (counters keep
-    their ``_total``); ``labels`` is a tuple of (name, value) pairs in catalogue label order."""
-
-    name: str
-    value: float
-    labels: Labels = ()
-
-    def label(self, key: str) -> str | None:
-        for k, v in self.labels:
-            if k == key:
-                return v
-        return None
-
-
-def series(name: str, value: float, **labels: str) -> Series:
-    return Series(name, float(value), tuple((k, str(v)) for k, v in labels.items()))
-
 
 class SamplerUnavailable(Exception):
     """The source is absent (no NVML library, no GPU, no /metrics): the sampler is down, with a
@@ -158,12 +138,10 @@ class SnapshotCollector:
     def __init__(
         self,
         runners: Sequence[SamplerRunner],
-        catalogue: dict[str, object],
         staleness_factor: float = 3.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.runners = runners
-        self.catalogue = catalogue  # name -> MetricSpec (kind, help, labels)
         self.staleness_factor = staleness_factor
         self.clock = clock
 
@@ -176,22 +154,16 @@ class SnapshotCollector:
         # self-metrics of every sampler: always present
         yield from self._self_families()
         for name, items in grouped.items():
-            spec = self.catalogue.get(name)
+            spec = BY_NAME.get(name)
             if spec is None:
                 continue
-            kind = getattr(spec, "kind")
-            help_ = getattr(spec, "help")
-            label_names = list(getattr(spec, "labels"))
-            if kind == "info":
-                fam = InfoMetricFamily(name.removesuffix("_info"), help_, labels=label_names)
+            label_names = list(spec.labels)
+            fam = spec.family()
+            if spec.kind == "info":
                 for s in items:
                     fam.add_metric([s.label(k) or "" for k in label_names], {})
                 yield fam
                 continue
-            if kind == "counter":
-                fam = CounterMetricFamily(name.removesuffix("_total"), help_, labels=label_names)
-            else:
-                fam = GaugeMetricFamily(name, help_, labels=label_names)
             seen: set[tuple[str, ...]] = set()
             for s in items:
                 values = tuple(s.label(k) or "" for k in label_names)
@@ -202,16 +174,11 @@ class SnapshotCollector:
             yield fam
 
     def _self_families(self) -> Iterator[Metric]:
-        up = GaugeMetricFamily("soakd_sampler_up", _help(self.catalogue, "soakd_sampler_up"), labels=["sampler"])
-        errors = CounterMetricFamily("soakd_sampler_errors", _help(self.catalogue, "soakd_sampler_errors_total"),
-                                     labels=["sampler"])
-        duration = GaugeMetricFamily("soakd_sampler_duration_seconds",
-                                     _help(self.catalogue, "soakd_sampler_duration_seconds"), labels=["sampler"])
-        last = GaugeMetricFamily("soakd_sampler_last_success_timestamp_seconds",
-                                 _help(self.catalogue, "soakd_sampler_last_success_timestamp_seconds"),
-                                 labels=["sampler"])
-        missed = CounterMetricFamily("soakd_sampler_missed_runs", _help(self.catalogue, "soakd_sampler_missed_runs_total"),
-                                     labels=["sampler"])
+        up = BY_NAME["soakd_sampler_up"].family()
+        errors = BY_NAME["soakd_sampler_errors_total"].family()
+        duration = BY_NAME["soakd_sampler_duration_seconds"].family()
+        last = BY_NAME["soakd_sampler_last_success_timestamp_seconds"].family()
+        missed = BY_NAME["soakd_sampler_missed_runs_total"].family()
         for r in self.runners:
             up.add_metric([r.name], 1.0 if r.up else 0.0)
             errors.add_metric([r.name], float(r.errors))
@@ -220,8 +187,3 @@ class SnapshotCollector:
             if r.last_success_wall is not None:
                 last.add_metric([r.name], r.last_success_wall)
         yield from (up, errors, duration, last, missed)
-
-
-def _help(catalogue: dict[str, object], name: str) -> str:
-    spec = catalogue.get(name)
-    return getattr(spec, "help", name) if spec is not None else name

@@ -27,7 +27,7 @@ GPU_TEMP, MEMORY_TEMP                       temperature_celsius{sensor=gpu|memor
 SM_CLOCK, MEM_CLOCK, MAX_SM_CLOCK,          sm_clock_hertz, memory_clock_hertz, *_max_hertz MHz -> Hz
 MAX_MEM_CLOCK
 CLOCKS_EVENT_REASONS (or the deprecated     clocks_event_active{reason} for the 9 NVML     bitmask
-CLOCK_THROTTLE_REASONS)                     reasons (soakd.samplers.reasons)
+CLOCK_THROTTLE_REASONS)                     reasons (soakd.core.reasons)
 *_VIOLATION (power, thermal, sync_boost,    throttle_seconds_total{reason}                 us -> s
 board_limit, low_util, reliability,         (ns when the field's HELP says "(in ns)")
 total_app_clocks, total_base_clocks)
@@ -50,9 +50,10 @@ import re
 from collections.abc import Hashable
 
 from soakd.config import DcgmSamplerConfig
-from soakd.samplers.base import SamplerUnavailable, Series, series
+from soakd.core.series import Series, series
+from soakd.samplers.base import SamplerUnavailable
 from soakd.samplers.promtext import Exposition, Scraper, SessionFactory, redact_url
-from soakd.samplers.reasons import VIOLATION_REASONS, decode_clocks_event_reasons
+from soakd.core.reasons import VIOLATION_REASONS, decode_clocks_event_reasons
 
 MIB = 1024 * 1024
 MHZ = 1_000_000.0

@@ -9,7 +9,8 @@ import os
 from collections.abc import Sequence
 
 from soakd.config import HostSamplerConfig
-from soakd.samplers.base import SamplerUnavailable, Series, series
+from soakd.core.series import Series, series
+from soakd.samplers.base import SamplerUnavailable
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100

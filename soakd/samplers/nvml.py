@@ -43,7 +43,8 @@ from typing import Any
 import structlog
 
 from soakd.config import NvmlSamplerConfig
-from soakd.samplers.base import SamplerUnavailable, Series, series
+from soakd.core.series import Series, series
+from soakd.samplers.base import SamplerUnavailable
 
 log = structlog.get_logger("soakd.samplers.nvml")
 

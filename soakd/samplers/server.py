@@ -46,7 +46,8 @@ import structlog
 from yarl import URL
 
 from soakd.config import ServerSamplerConfig
-from soakd.samplers.base import SamplerUnavailable, Series, series
+from soakd.core.series import Series, series
+from soakd.samplers.base import SamplerUnavailable
 from soakd.samplers.promtext import (
     Child,
     Exposition,

@@ -3,7 +3,7 @@ vLLM's ``/metrics``, a latency/KV-cache model, simulated GPU(s) driven by the lo
 (``/dcgm/metrics``, and ``fake_pynvml.bind(device)`` for NVML) and injectable faults
 (``soakd sim``)."""
 
-from soakd.sim.config import SimConfig, SimDeviceConfig, SimFaults
+from soakd.config.sim import SimConfig, SimDeviceConfig, SimFaults
 from soakd.sim.device import GpuReading, SimDevice
 from soakd.sim.model import SimModel
 from soakd.sim.server import (

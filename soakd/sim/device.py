@@ -48,13 +48,21 @@ import time
 import uuid as uuidlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from soakd.samplers.reasons import CLOCKS_EVENT_REASONS
-from soakd.sim.config import SimConfig
+from soakd.config.sim import SimConfig
+from soakd.core.reasons import CLOCKS_EVENT_REASONS
 
-if TYPE_CHECKING:
-    from soakd.sim.model import SimModel
+
+class Engine(Protocol):
+    """What the device reads of the simulated engine (``soakd.sim.model.SimModel``)."""
+
+    running: int
+    kv_held: int
+    started: float
+
+    def load_integrals(self, now: float) -> tuple[float, float]: ...
+
 
 __all__ = [
     "DRIVER_VERSION",
@@ -122,7 +130,7 @@ class SimDevice:
     def __init__(
         self,
         config: SimConfig,
-        model: Callable[[], SimModel | None],
+        model: Callable[[], Engine | None],
         *,
         clock: Callable[[], float] = time.monotonic,
         hostname: str | None = None,
@@ -146,7 +154,7 @@ class SimDevice:
         ]
         self._lock = threading.Lock()
         self._t = self.started
-        self._model_seen: SimModel | None = None
+        self._model_seen: Engine | None = None
         self._integrals = (0.0, 0.0)
         dev = self.dev
         self.power = dev.idle_power_watts  # ~1 s average

@@ -31,7 +31,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -40,10 +40,13 @@ from prometheus_client.core import (
     Metric,
 )
 
-from soakd.sim.config import SimConfig
+from soakd.config.sim import SimConfig
 
-if TYPE_CHECKING:
-    from soakd.sim.device import SimDevice
+
+class Device(Protocol):
+    """What the engine reads of the simulated GPU (``soakd.sim.device.SimDevice``)."""
+
+    def slowdown(self) -> float: ...
 
 __all__ = [
     "FINISH_REASONS",
@@ -232,7 +235,7 @@ class SimModel:
         # (time, request-seconds, busy seconds) up to that time; replaced as one tuple so a
         # reader in another thread (the fake NVML) never sees a half-updated triple
         self._load: tuple[float, float, float] = (self.started, 0.0, 0.0)
-        self.device: SimDevice | None = None  # set by the server: its slowdown scales latency
+        self.device: Device | None = None  # set by the server: its slowdown scales latency
         self.waiting: deque[SimRequest] = deque()
         self.kv_held = 0  # blocks held by running requests + leaked blocks
         self.kv_leaked = 0

@@ -37,7 +37,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from soakd import __version__
-from soakd.sim.config import SimConfig
+from soakd.config.sim import SimConfig
 from soakd.sim.device import SimDevice, dcgm_exposition
 from soakd.sim.model import FaultPlan, SimCollector, SimModel, SimRequest
 from soakd.sim.text import (

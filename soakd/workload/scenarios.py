@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from soakd.config import BUILTIN_SCENARIOS, ConfigError, ScenarioConfig, SoakConfig
+from soakd.config import ConfigError, ScenarioConfig, SoakConfig
 from soakd.workload.corpus import Corpus, code_prompt
 
 CHAT_TEMPLATE_OVERHEAD = 8

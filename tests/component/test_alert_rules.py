@@ -125,7 +125,7 @@ def test_every_alert_has_metadata_and_a_runbook() -> None:
 
 
 def test_throttling_alert_is_by_reason_with_for() -> None:
-    from soakd.analysis.throttle import PERFORMANCE_REASONS
+    from soakd.core.reasons import PERFORMANCE_REASONS
 
     (rule,) = [a for a in alerts() if a["alert"] == "SoakdGPUThrottling"]
     assert rule.get("for") and "$labels.reason" in rule["annotations"]["summary"]

@@ -13,10 +13,10 @@ import pytest
 from aiohttp import web
 
 from soakd.client.openai import OpenAIClient
-from soakd.client.records import Outcome, RequestRecord
+from soakd.core.records import Outcome, RequestRecord
 from soakd.config import TargetConfig
 from soakd.sim import count_chat_tokens, count_tokens
-from soakd.sim.config import SimFaults
+from soakd.config.sim import SimFaults
 from helpers import FAST_SIM, free_port, sim_server, wait_until
 
 pytestmark = pytest.mark.timeout(30)
@@ -397,15 +397,16 @@ def test_target_up_survives_dropped_connections_but_not_failed_connects() -> Non
     """A connection error while the target answers others (a reused keep-alive connection the
     server closed) is counted but leaves soakd_target_up at 1; a failed connect, or connection
     errors after 5 s without any answer, take it down (llama.cpp's llama-server, tests/e2e)."""
-    from soakd.analysis.window import Timeline
+    from soakd.core.timeline import Timeline
     from soakd.metrics import SoakMetrics
-    from soakd.recorder import Recorder
+    from soakd.soak.recorder import Recorder
+    from soakd.soak.windows import WindowSet
 
-    rec_ = Recorder(SoakMetrics(("a",)), Timeline(0.0, 0.0, 60.0, 600.0))
+    rec_ = Recorder(SoakMetrics(("a",)), WindowSet(Timeline(0.0, 0.0, 60.0, 600.0)))
     changes: list[bool] = []
     dropped: list[str] = []
-    rec_._target_up_cb = changes.append  # noqa: SLF001
-    rec_.on_connection_dropped = lambda r: dropped.append(r.reason)
+    rec_.on_target_change(changes.append)
+    rec_.on_connection_dropped(lambda r: dropped.append(r.reason))
     rec_.set_target_up(True)
 
     def finish(at_s: float, outcome: Outcome = Outcome.OK, reason: str = "", status: int = 200) -> None:
@@ -415,7 +416,7 @@ def test_target_up_survives_dropped_connections_but_not_failed_connects() -> Non
         r.http_status = status
         if outcome is not Outcome.OK:
             r.fail(outcome, reason)
-        rec_.started(r, 1.0)
+        rec_.started(r)
         rec_.finished(r)
 
     finish(1.0)

@@ -12,8 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from soakd.config import load_config
-from soakd.daemon import SoakDaemon
-from helpers import QUICK_SIM, SoakdProcess, free_port, http_get, run_soakd, sim_server
+from soakd.runtime import Runtime
+from helpers import QUICK_SIM, SoakdProcess, free_port, http_get, report_of, run_outcomes, run_soakd, sim_server
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]
 
@@ -44,14 +44,14 @@ async def test_demo(tmp_path: Path) -> None:
     assert all(r[2] > 0 for r in rows) and all(r[3] == 0.0 for r in rows)  # no faults configured
     assert [r[1] for r in rows][:-1] == [False] * (len(rows) - 1)
     assert "requests measured:" in out and "ok=" in out
-    summaries = list((tmp_path / "soakd-state").glob("*/summary.json"))
-    assert len(summaries) == 1 and json.loads(summaries[0].read_text())["stop_reason"] == "duration"
+    reports = list((tmp_path / "soakd-state").glob("*/report.json"))
+    assert len(reports) == 1 and json.loads(reports[0].read_text())["run"]["stop_reason"] == "duration"
 
 
 async def test_sigterm_drains_and_writes_a_partial_window(tmp_path: Path) -> None:
     """JSON logs: read /metrics from the soakd_started line's metrics_url, SIGTERM in the middle of
     a window, then: exit 0, in-flight requests drained (none cancelled), the last window partial,
-    the summary in summary.json and in the soakd_finished event."""
+    the report (report.json, from the store) and the soakd_finished event agree."""
     async with sim_server(**dict(QUICK_SIM, tpot_base=0.005)) as sim:
         proc = await SoakdProcess.start(
             "run", "--target", sim.base_url, "--duration", "60s", "--window", "1s", "--warmup", "0.5s",
@@ -78,14 +78,15 @@ async def test_sigterm_drains_and_writes_a_partial_window(tmp_path: Path) -> Non
     assert finished["stop_reason"] == "SIGTERM"
     events = [json.loads(line)["event"] for line in proc.lines if line.startswith("{")]
     assert "stop_requested" in events and "drain_grace_expired" not in events
-    summary = json.loads(Path(finished["summary_path"]).read_text())
-    assert summary["stop_reason"] == "SIGTERM"
-    assert summary["outcomes"]["cancelled"] == 0 and summary["outcomes"]["ok"] == summary["requests_measured"]
-    windows = summary["windows"]
+    report = json.loads(Path(finished["report"]).read_text())
+    assert report["run"]["stop_reason"] == "SIGTERM"
+    outcomes = run_outcomes(report)
+    assert outcomes["cancelled"] == 0 and outcomes["ok"] == finished["requests_measured"]
+    windows = report["windows"]
     assert len(windows) >= 2
     assert windows[-1]["partial"] is True and not any(w["partial"] for w in windows[:-1])
     assert windows[-1]["duration_seconds"] < 1.0
-    assert summary["requests_sent"] == summary["requests_measured"] + summary["warmup_requests"]
+    assert finished["requests_sent"] == finished["requests_measured"] + finished["warmup_requests"]
 
 
 async def test_max_requests_sends_exactly_that_many(tmp_path: Path) -> None:
@@ -97,13 +98,16 @@ async def test_max_requests_sends_exactly_that_many(tmp_path: Path) -> None:
             "scenarios": {"long_context": {"max_tokens": 16}, "code_completion": {"max_tokens": 16}},
             "metrics": {"host": "127.0.0.1", "port": 0},
         }, environ={})  # fmt: skip
-        final = await asyncio.wait_for(SoakDaemon(cfg, progress=False).run(), 30)
+        t0 = asyncio.get_running_loop().time()
+        final = await asyncio.wait_for(Runtime(cfg, progress=False).run(), 30)
+        elapsed = asyncio.get_running_loop().time() - t0
         received = len(sim.recent)
-    assert final["stop_reason"] == "max_requests"
-    assert final["requests_sent"] == 25 == received
-    assert final["requests_measured"] == 25 and final["outcomes"]["ok"] == 25
-    assert final["elapsed_seconds"] < 30  # it did not run to the duration
-    assert len(final["windows"]) == 1 and final["windows"][0]["partial"] is True
+    assert final.stop_reason == "max_requests"
+    assert final.requests_sent == 25 == received
+    assert final.requests_measured == 25 and final.outcomes["ok"] == 25
+    assert elapsed < 30  # it did not run to the duration
+    windows = report_of(tmp_path)["windows"]
+    assert len(windows) == 1 and windows[0]["partial"] is True
 
 
 async def test_target_down_at_start_then_up(tmp_path: Path) -> None:
@@ -140,13 +144,13 @@ async def test_grace_expiry_cancels_in_flight_requests_as_cancelled(tmp_path: Pa
             "scenarios": {"short_chat": {"max_tokens": 64}},
             "metrics": {"host": "127.0.0.1", "port": 0},
         }, environ={})  # fmt: skip
-        daemon = SoakDaemon(cfg, progress=False)
-        final = await asyncio.wait_for(daemon.run(), 20)
-    assert final["stop_reason"] == "duration"
-    assert final["outcomes"]["cancelled"] == 2 and final["requests_measured"] == 2
-    assert daemon.metrics.requests.get("short_chat", "cancelled") == 2
-    assert daemon.metrics.in_flight.value == 0
-    assert final["windows"][-1]["outcomes"]["cancelled"] == 2
+        runtime = Runtime(cfg, progress=False)
+        final = await asyncio.wait_for(runtime.run(), 20)
+    assert final.stop_reason == "duration"
+    assert final.outcomes["cancelled"] == 2 and final.requests_measured == 2
+    assert runtime.metrics.requests.get("short_chat", "cancelled") == 2
+    assert runtime.metrics.in_flight.value == 0
+    assert report_of(tmp_path)["windows"][-1]["outcomes"]["cancelled"] == 2
 
 
 async def test_second_stop_cancels_without_waiting_for_the_grace(tmp_path: Path) -> None:
@@ -158,14 +162,14 @@ async def test_second_stop_cancels_without_waiting_for_the_grace(tmp_path: Path)
             "scenarios": {"short_chat": {"max_tokens": 64}},
             "metrics": {"host": "127.0.0.1", "port": 0},
         }, environ={})  # fmt: skip
-        daemon = SoakDaemon(cfg, progress=False)
-        task = asyncio.create_task(daemon.run())
+        runtime = Runtime(cfg, progress=False)
+        task = asyncio.create_task(runtime.run())
         await asyncio.sleep(0.5)
-        daemon.request_stop("SIGTERM")
+        runtime.request_stop("SIGTERM")
         await asyncio.sleep(0.2)
         assert not task.done()  # draining: the 3 s requests are still running
-        daemon.request_stop("SIGTERM")
+        runtime.request_stop("SIGTERM")
         final = await asyncio.wait_for(task, 5)  # well inside the 30 s grace
-    assert final["stop_reason"] == "SIGTERM"
-    assert final["outcomes"]["cancelled"] == 2
-    assert daemon.metrics.in_flight.value == 0
+    assert final.stop_reason == "SIGTERM"
+    assert final.outcomes["cancelled"] == 2
+    assert runtime.metrics.in_flight.value == 0

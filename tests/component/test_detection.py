@@ -67,7 +67,7 @@ from typing import Any
 import pytest
 
 from soakd.config import SoakConfig, deep_merge, load_config
-from soakd.daemon import SoakDaemon
+from soakd.runtime import Runtime
 from soakd.sim import SimConfig, SimServer, fake_pynvml
 from soakd.store import StoreReader
 from helpers import wait_until
@@ -125,7 +125,7 @@ class Soak:
     def __init__(self, cfg: SoakConfig, nvml: Any = None, tolerate: float = DISTURBED) -> None:
         self.tolerate = tolerate  # off-CPU seconds in a window that disturb the run (see clean_run)
         self.state_dir = cfg.run.state_dir
-        self.daemon = SoakDaemon(cfg, progress=False, nvml_module=nvml, new_run=True)
+        self.daemon = Runtime(cfg, progress=False, nvml_module=nvml, new_run=True)
         self.final: dict[str, Any] = {}
         self.extra: dict[str, Any] = {}
         self.seen: list[dict[str, Any]] = []
@@ -133,11 +133,11 @@ class Soak:
         analyzer = self.daemon.analyzer
         add_window = analyzer.add_window
 
-        def observed(w: dict[str, Any]) -> Any:
+        def observed(w: Any) -> Any:
             out = add_window(w)
-            self.seen.append({"window": w["window"], "partial": w["partial"], "requests": w["requests"],
+            self.seen.append({"window": w.window, "partial": w.partial, "requests": w.requests,
                               "samples": samples(self.daemon),
-                              "drift": [r for r in analyzer.drift.values() if r.window == w["window"]]})
+                              "drift": [r for r in analyzer.drift.values() if r.window == w.window]})
             return out
 
         analyzer.add_window = observed  # type: ignore[method-assign]
@@ -156,7 +156,7 @@ class Soak:
             if wall - 0.01 > STALL:
                 off_cpu = wall - (time.process_time() - cpu) - 0.01
                 self.stalls.append((t, wall - 0.01, max(0.0, off_cpu)))
-                if not self.daemon._stop_requested.is_set() and self.disturbed():  # noqa: SLF001
+                if not self.daemon.stop_requested and self.disturbed():
                     self.daemon.request_stop("disturbed")  # no use finishing it: clean_run runs it again
 
     def stalls_by_window(self, starved: float | None = None) -> dict[int, list[tuple[int, int]]]:
@@ -186,7 +186,10 @@ class Soak:
 
     async def finish(self, timeout: float) -> dict[str, Any]:
         try:
-            self.final = await asyncio.wait_for(self.task, timeout)
+            outcome = await asyncio.wait_for(self.task, timeout)
+            # every window the run closed, as the report has them, and the verdict
+            self.final = {"windows": [w.dump() for w in self.daemon.analyzer.history.closed],
+                          "verdict": outcome.verdict}
             return self.final
         finally:
             self._monitor.cancel()
@@ -215,7 +218,7 @@ async def clean_run(attempt: Callable[[Path], Awaitable[Soak]], tmp_path: Path) 
                 f"(lag ms, off-CPU ms) by window: {bad}")
 
 
-def samples(daemon: SoakDaemon) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+def samples(daemon: Runtime) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for fam in daemon.registry.collect() for s in fam.samples if s.name.startswith("soakd_")}
 
@@ -267,7 +270,7 @@ async def test_latency_step_of_ten_percent_is_flagged_within_two_windows(tmp_pat
     windows = final["windows"]
     assert [w["window"] for w in windows] == list(range(5)) and not any(w["partial"] for w in windows)
     assert min(w["requests"] for w in windows) >= 110, [w["requests"] for w in windows]  # p95s judged
-    assert d.analyzer.baseline is not None and d.analyzer.baseline["window"] == 0
+    assert d.analyzer.baseline is not None and d.analyzer.baseline.window == 0
 
     assert all(f["window"] >= k for f in d.analyzer.findings), (d.analyzer.findings, stalls)
     drift = [f for f in d.analyzer.findings if f["kind"] == "drift"]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -13,12 +14,13 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from soakd.analysis.window import Timeline
-from soakd.client.records import OUTCOMES, Outcome, RequestRecord
+from soakd.core.timeline import Timeline
+from soakd.core.records import OUTCOMES, Outcome, RequestRecord
 from soakd.config import load_config
-from soakd.daemon import SoakDaemon
+from soakd.runtime import Runtime
 from soakd.metrics import BY_NAME, CATALOGUE, E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS, SoakMetrics, catalogue_markdown
-from soakd.recorder import Recorder
+from soakd.soak.recorder import Recorder
+from soakd.soak.windows import WindowSet
 from soakd.workload.scenarios import BUILTIN
 from helpers import PROMETHEUS_HINT, QUICK_SIM, REPO, free_port, http_get, sim_server, tool, wait_until
 
@@ -126,11 +128,11 @@ async def test_live_exporter_through_a_soak(tmp_path: Path) -> None:
         "scenarios": {"long_context": {"max_tokens": 64}, "code_completion": {"max_tokens": 64}},
         "metrics": {"host": "127.0.0.1", "port": 0},
     }, environ={})  # fmt: skip
-    daemon = SoakDaemon(cfg, progress=False)
-    task = asyncio.create_task(daemon.run())
+    runtime = Runtime(cfg, progress=False)
+    task = asyncio.create_task(runtime.run())
     try:
-        await wait_until(lambda: daemon.web.port != 0, what="the web server")
-        base = daemon.web.url
+        await wait_until(lambda: runtime.web.port != 0, what="the web server")
+        base = runtime.web.url
 
         # -- before the target answered
         status, body = await scrape(base, "/readyz")
@@ -140,7 +142,7 @@ async def test_live_exporter_through_a_soak(tmp_path: Path) -> None:
         status, body = await scrape(base, "/status")
         assert status == 200
         early = json.loads(body)
-        assert early["run_id"] == daemon.run_id and early["phase"] == "starting"
+        assert early["run_id"] == runtime.run_id and early["phase"] == "starting"
         status, text = await scrape(base)
         assert status == 200
         exp = Exposition(text)
@@ -152,19 +154,19 @@ async def test_live_exporter_through_a_soak(tmp_path: Path) -> None:
 
         # -- the target comes up
         async with sim_server(port=port, **QUICK_SIM):
-            await wait_until(lambda: daemon.ready()[0], timeout=10, what="the target to be seen")
+            await wait_until(lambda: runtime.status.ready()[0], timeout=10, what="the target to be seen")
             status, _ = await scrape(base, "/readyz")
             assert status == 200
 
             def has_current_p95() -> bool:
-                st = daemon.status()
+                st = runtime.status.status()
                 cur = st.get("current_window") or {}
                 return st.get("windows_closed", 0) >= 1 and cur.get("e2e_p95") is not None
 
             await wait_until(has_current_p95, timeout=10, what="a closed window and a current p95")
             status, body = await scrape(base, "/status")
             st = json.loads(body)
-            assert st["run_id"] == daemon.run_id and st["phase"] in ("running", "draining")
+            assert st["run_id"] == runtime.run_id and st["phase"] in ("running", "draining")
             assert 0 < st["elapsed_seconds"] <= 3.5 and 0 < st["progress_ratio"] <= 1
             assert set(st["per_scenario"]) == set(SCENARIOS)
             assert all(set(v) == set(OUTCOMES) for v in st["per_scenario"].values())
@@ -185,18 +187,18 @@ async def test_live_exporter_through_a_soak(tmp_path: Path) -> None:
             assert exp.value("soakd_request_duration_seconds_count", scenario="short_chat") > 0
             assert exp.value("soakd_inter_token_latency_seconds_count", scenario="short_chat") > 0
             await promtool_check(text)
-            final = await asyncio.wait_for(task, 20)
+            final = dataclasses.asdict(await asyncio.wait_for(task, 20))
     finally:
         if not task.done():
-            daemon.request_stop("test")
+            runtime.request_stop("test")
             await asyncio.wait_for(task, 20)
 
     assert final["stop_reason"] == "duration"
-    per_outcome = {o: sum(daemon.metrics.requests.get(sc, o) for sc in SCENARIOS) for o in OUTCOMES}
+    per_outcome = {o: sum(runtime.metrics.requests.get(sc, o) for sc in SCENARIOS) for o in OUTCOMES}
     assert per_outcome == final["outcomes"]
     assert sum(per_outcome.values()) == final["requests_measured"]
     assert final["requests_sent"] == final["requests_measured"] + final["warmup_requests"]
-    assert daemon.metrics.in_flight.value == 0
+    assert runtime.metrics.in_flight.value == 0
 
 
 def test_recorder_feeds_the_exported_values() -> None:
@@ -204,7 +206,7 @@ def test_recorder_feeds_the_exported_values() -> None:
     inter-token histograms, usage fallback, bounded failure reasons."""
     metrics = SoakMetrics(("a", "b"), "9.9")
     tl = Timeline(0.0, 10.0, 60.0, 600.0)
-    rec_ = Recorder(metrics, tl)
+    rec_ = Recorder(metrics, WindowSet(tl))
 
     def record(scenario: str, window: int, outcome: Outcome = Outcome.OK, reason: str = "", status: int = 200,
                tokens_ms: tuple[int, ...] = (50, 55, 60, 65), usage: bool = True) -> RequestRecord:
@@ -218,7 +220,7 @@ def test_recorder_feeds_the_exported_values() -> None:
         r.expected_prompt_tokens = 10
         if outcome is not Outcome.OK:
             r.fail(outcome, reason)
-        rec_.started(r, 20.0 if window >= 0 else 1.0)
+        rec_.started(r)
         rec_.finished(r)
         return r
 

@@ -23,8 +23,9 @@ import pytest
 from soakd.analysis.diagnosis import TROUBLESHOOTING
 from soakd.analysis.drift import baseline_from_report, compare
 from soakd.analysis.engine import Analyzer
-from soakd.canary import CanaryResult
+from soakd.soak.canary import CanaryResult
 from soakd.config import AnalysisConfig, load_config
+from soakd.core.summary import WindowSummary
 from soakd.report import (
     REPORT_FILES,
     ReportError,
@@ -127,9 +128,9 @@ async def record_run(state: Path, run_id: str = "run-gpu", *, telemetry: bool = 
                           "kv_cache_usage_ratio": 0.002, "memory_used_bytes": 40 * GIB + i * 0.5 * GIB,
                           "seconds": 4.2} if telemetry and not is_partial else None),
             )  # fmt: skip
-            w["start_unix"] = _window_start(i)
-            w["segment"] = 1 if i >= 4 else 0
-            await store.save_window(run_id, i, w["segment"], w, is_partial)
+            w.start_unix = _window_start(i)
+            w.segment = 1 if i >= 4 else 0
+            await store.save_window(run_id, i, w.segment, w, is_partial)
             before = len(analyzer_events)
             analyzer.add_window(w)
             if i == 0:
@@ -137,15 +138,15 @@ async def record_run(state: Path, run_id: str = "run-gpu", *, telemetry: bool = 
             if i == 6 and telemetry:
                 analyzer.add_canary(_canary(True), i)
                 analyzer.add_canary(_canary(False), i)
-            t_end = _window_start(i) + w["duration_seconds"]
-            if w["quiesce"]:  # the daemon records each probe as an event
-                q = w["quiesce"]
+            t_end = _window_start(i) + w.duration_seconds
+            if w.quiesce:  # the runtime records each probe as an event
+                q = w.quiesce.model_dump()
                 await store.add_event(run_id, "quiesce", "info", f"quiesce probe in window {i}: idle KV usage "
                                       f"{q['kv_cache_usage_ratio']:.4f}", q, i, t_unix=q["t_unix"])
             for ev in analyzer_events[before:]:
                 t_events.append((t_end, ev))
             if telemetry:
-                for k in range(int(w["duration_seconds"] // 60)):  # per-minute samples, two GPUs
+                for k in range(int(w.duration_seconds // 60)):  # per-minute samples, two GPUs
                     t = _window_start(i) + 60 * k + 1
                     clock = 1.386e9 if throttled and 2 <= k <= 8 else 1.98e9
                     series = [("soakd_server_kv_cache_usage_ratio", None, 0.3 + 0.02 * (k % 5)),
@@ -164,7 +165,7 @@ async def record_run(state: Path, run_id: str = "run-gpu", *, telemetry: bool = 
                     await store.add_samples(run_id, t, series)
         for t, (kind, severity, message, data, window) in t_events:
             await store.add_event(run_id, kind, severity, message, data, window, t_unix=t)
-        verdict = analyzer.verdict(0.0).to_dict()
+        verdict = analyzer.verdict().to_dict()
         await store.set_verdict(run_id, verdict)
         end = _window_start(n_windows - 1) + WINDOW
         await store.end_segment(run_id, 1, "duration", t_unix=end)
@@ -357,11 +358,11 @@ def test_json_report_round_trips_and_is_a_baseline(report: dict[str, Any]) -> No
     assert loaded == report
     assert loaded["schema"] == "soakd-report/1"
     base = baseline_from_report(loaded)
-    assert base is not None and base["window"] == 0 and base == report["windows"][0]
+    assert base is not None and base.window == 0 and base.dump() == report["windows"][0]
     only_windows = baseline_from_report({"windows": loaded["windows"]})
-    assert only_windows is not None and only_windows["window"] == 0
+    assert only_windows is not None and only_windows.window == 0
     # a later run's window compared with it, as `soakd run --baseline report.json` does
-    r = compare(loaded["windows"][5], base, "e2e_p95")
+    r = compare(WindowSummary.load(loaded["windows"][5]), base, "e2e_p95")
     assert r.ratio is not None and r.ratio > 0.2
 
 
@@ -463,7 +464,7 @@ def test_write_reports_into_the_run_dir(recorded: Path, tmp_path: Path) -> None:
     for fmt, p in paths.items():
         assert p == state / "run-gpu" / REPORT_FILES[fmt] and p.stat().st_size > 1000
     assert sorted(x.name for x in (state / "run-gpu").iterdir()) == ["report.html", "report.json", "report.md"]
-    assert baseline_from_report(json.loads(paths["json"].read_text()))["window"] == 0
+    assert baseline_from_report(json.loads(paths["json"].read_text())).window == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -626,17 +627,18 @@ def _daemon_config(sim_url: str, state: Path, duration: float) -> Any:
 @pytest.mark.timeout(90)
 async def test_a_soak_writes_its_reports(tmp_path: Path) -> None:
     from helpers import QUICK_SIM, sim_server
-    from soakd.daemon import SoakDaemon
+    from soakd.runtime import Runtime
 
     async with sim_server(**QUICK_SIM) as sim:
-        daemon = SoakDaemon(_daemon_config(sim.base_url, tmp_path, 3.0), progress=False)
-        final = await asyncio.wait_for(daemon.run(), 60)
-    run_dir = tmp_path / final["run_id"]
-    assert {p.name for p in run_dir.iterdir()} >= {"report.json", "report.md", "report.html", "summary.json"}
+        runtime = Runtime(_daemon_config(sim.base_url, tmp_path, 3.0), progress=False)
+        final = await asyncio.wait_for(runtime.run(), 60)
+    run_dir = tmp_path / final.run_id
+    assert {p.name for p in run_dir.iterdir()} == {"report.json", "report.md", "report.html"}
     rep = json.loads((run_dir / "report.json").read_text())
-    assert rep["run"]["id"] == final["run_id"] and rep["run"]["stop_reason"] == "duration"
-    assert rep["verdict"]["result"] == final["verdict"]["result"] and not rep["verdict"]["interim"]
-    assert len(rep["windows"]) == len(final["windows"]) >= 2
+    assert rep["run"]["id"] == final.run_id and rep["run"]["stop_reason"] == "duration"
+    assert final.verdict is not None
+    assert rep["verdict"]["result"] == final.verdict["result"] and not rep["verdict"]["interim"]
+    assert len(rep["windows"]) == final.windows >= 2
     assert "**Verdict: " in (run_dir / "report.md").read_text()
     assert "<svg " in (run_dir / "report.html").read_text()
 
@@ -646,17 +648,17 @@ async def test_a_soak_writes_its_reports(tmp_path: Path) -> None:
 async def test_sigterm_still_writes_the_reports_and_a_report_failure_is_not_fatal(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     from helpers import QUICK_SIM, sim_server
-    from soakd.daemon import SoakDaemon
+    from soakd.runtime import Runtime
 
     async with sim_server(**QUICK_SIM) as sim:
-        daemon = SoakDaemon(_daemon_config(sim.base_url, tmp_path / "a", 60.0), progress=False)
-        task = asyncio.create_task(daemon.run())
+        runtime = Runtime(_daemon_config(sim.base_url, tmp_path / "a", 60.0), progress=False)
+        task = asyncio.create_task(runtime.run())
         await asyncio.sleep(2.0)
-        daemon.request_stop("SIGTERM")
+        runtime.request_stop("SIGTERM")
         final = await asyncio.wait_for(task, 30)
-        run_dir = tmp_path / "a" / final["run_id"]
+        run_dir = tmp_path / "a" / final.run_id
         rep = json.loads((run_dir / "report.json").read_text())
-        assert final["stop_reason"] == "SIGTERM" and rep["run"]["status"] == "running"
+        assert final.stop_reason == "SIGTERM" and rep["run"]["status"] == "running"
         assert rep["verdict"]["interim"] is True and rep["run"]["stop_reason"] == "SIGTERM"
         assert "resumable" in rep["run"]["state"] and rep["windows"][-1]["partial"] is True
         assert "interim" in (run_dir / "report.md").read_text().splitlines()[2]
@@ -667,8 +669,11 @@ async def test_sigterm_still_writes_the_reports_and_a_report_failure_is_not_fata
             raise RuntimeError("renderer exploded")
 
         monkeypatch.setattr(soakd.report, "write_reports", broken)
-        daemon = SoakDaemon(_daemon_config(sim.base_url, tmp_path / "b", 1.5), progress=False)
-        final = await asyncio.wait_for(daemon.run(), 30)
-    assert final["stop_reason"] == "duration" and final["verdict"] is not None
-    run_dir = tmp_path / "b" / final["run_id"]
-    assert (run_dir / "summary.json").is_file() and not (run_dir / "report.json").exists()
+        final = await asyncio.wait_for(Runtime(_daemon_config(sim.base_url, tmp_path / "b", 1.5),
+                                               progress=False).run(), 30)
+    assert final.stop_reason == "duration" and final.verdict is not None
+    run_dir = tmp_path / "b" / final.run_id
+    assert not (run_dir / "report.json").exists()
+    # the record is in the store: `soakd report` renders it later
+    with StoreReader(tmp_path / "b") as reader:
+        assert build_report(reader, final.run_id)["verdict"]["result"] == final.verdict["result"]

@@ -38,7 +38,7 @@ async def test_sigkill_then_restart_resumes_the_same_run(tmp_path: Path) -> None
         await first.finish(10)
         reader = StoreReader(tmp_path)
         before = reader.load_windows(run_id)
-        assert [w["window"] for w in before] == list(range(len(before))) and len(before) >= 3
+        assert [w.window for w in before] == list(range(len(before))) and len(before) >= 3
         base_before = reader.load_baseline(run_id)
         assert base_before is not None and base_before[0] == 0
         assert reader.get_run(run_id).status == "running"
@@ -47,19 +47,19 @@ async def test_sigkill_then_restart_resumes_the_same_run(tmp_path: Path) -> None
         resumed = await second.json_event("soakd_started")
         assert resumed["run_id"] == run_id and resumed["resumed"] is True
         info = await second.json_event("run_resumed")
-        assert info["first_window"] == before[-1]["window"] + 1
+        assert info["first_window"] == before[-1].window + 1
         closed = await second.json_event("window_closed")
-        assert closed["window"] == before[-1]["window"] + 1
+        assert closed["window"] == before[-1].window + 1
         await second.json_event("window_closed")
         second.signal(signal.SIGTERM)
         assert await second.finish(30) == 0
 
     reader = StoreReader(tmp_path)
     windows = reader.load_windows(run_id)
-    idx = [w["window"] for w in windows]
+    idx = [w.window for w in windows]
     assert idx == sorted(set(idx)), "window numbers are unique and increasing across the restart"
-    assert idx[: len(before)] == [w["window"] for w in before]
-    assert {w["segment"] for w in windows} == {0, 1}
+    assert idx[: len(before)] == [w.window for w in before]
+    assert {w.segment for w in windows} == {0, 1}
     assert reader.load_baseline(run_id)[0] == 0  # the baseline survived the SIGKILL
     segments = reader.load_segments(run_id)
     assert len(segments) == 2 and segments[0].ended_unix is not None
@@ -68,8 +68,8 @@ async def test_sigkill_then_restart_resumes_the_same_run(tmp_path: Path) -> None
     assert any(e.kind == "segment" for e in events)
     # SIGTERM keeps the run resumable; its last window is partial
     assert reader.get_run(run_id).status == "running"
-    assert windows[-1]["partial"] is True
-    assert (tmp_path / run_id / "summary.json").exists()
+    assert windows[-1].partial is True
+    assert (tmp_path / run_id / "report.json").exists()
 
 
 async def test_new_run_starts_afresh(tmp_path: Path) -> None:
@@ -88,7 +88,7 @@ async def test_new_run_starts_afresh(tmp_path: Path) -> None:
     reader = StoreReader(tmp_path)
     assert reader.get_run(old).status == "failed" and reader.get_run(old).stop_reason.startswith("superseded")
     assert reader.get_run(new).status in ("finished", "failed")
-    assert reader.load_windows(new)[0]["window"] == 0
+    assert reader.load_windows(new)[0].window == 0
 
 
 async def test_unwritable_state_dir_fails_fast(tmp_path: Path) -> None:
@@ -130,12 +130,11 @@ async def test_full_disk_mid_run_degrades_and_recovers(tmp_path: Path) -> None:
     closed meanwhile reach SQLite when space returns."""
     import asyncio
 
-    from helpers import http_get, wait_until
+    from helpers import fill_up, http_get, make_room, wait_until
     from structlog.testing import capture_logs
-    from test_store import fill_up, make_room
 
     from soakd.config import load_config
-    from soakd.daemon import SoakDaemon
+    from soakd.runtime import Runtime
 
     async with sim_server(**QUICK_SIM) as sim:
         cfg = load_config(None, {
@@ -147,19 +146,62 @@ async def test_full_disk_mid_run_degrades_and_recovers(tmp_path: Path) -> None:
             "metrics": {"host": "127.0.0.1", "port": 0},
             "log": {"progress": False},
         }, environ={})  # fmt: skip
-        daemon = SoakDaemon(cfg, progress=False)
+        runtime = Runtime(cfg, progress=False)
+        history = runtime.analyzer.history
         with capture_logs() as logs:
-            task = asyncio.create_task(daemon.run())
-            await wait_until(lambda: len(daemon.windows) >= 2, timeout=20, what="two windows")
-            await fill_up(daemon.store)
-            full_from = len(daemon.windows)
-            await wait_until(lambda: len(daemon.windows) >= full_from + 2, timeout=20, what="windows while full")
-            status, body = await http_get(daemon.web.url + "/metrics")
+            task = asyncio.create_task(runtime.run())
+            await wait_until(lambda: len(history.full()) >= 2, timeout=20, what="two windows")
+            await fill_up(runtime.session.store)
+            full_from = len(history.full())
+            await wait_until(lambda: len(history.full()) >= full_from + 2, timeout=20, what="windows while full")
+            status, body = await http_get(runtime.web.url + "/metrics")
             assert status == 200 and "soakd_requests_total" in body
-            await make_room(daemon.store)
+            await make_room(runtime.session.store)
             final = await asyncio.wait_for(task, 30)
+    job_errors = [e for e in logs if e["event"].startswith("scheduler_job")]
+    assert not job_errors, job_errors
     errors = [e for e in logs if e["event"] == "store_unavailable"]
     assert len(errors) == 1, [e["event"] for e in logs if "store" in e["event"]]
     assert any(e["event"] == "store_recovered" for e in logs)
-    stored = [w["window"] for w in StoreReader(tmp_path).load_windows(final["run_id"])]
-    assert stored == [w["window"] for w in final["windows"]], "every window reached SQLite after the disk recovered"
+    stored = [w.window for w in StoreReader(tmp_path).load_windows(final.run_id)]
+    assert stored == [w.window for w in history.closed], ("every window reached SQLite after the disk recovered",
+                                                           stored, [w.window for w in history.closed])
+
+
+async def test_a_state_dir_of_the_earlier_release_resumes(tmp_path: Path) -> None:
+    """tests/fixtures/state-v2 was written by soakd before the typed window summaries (schema v2,
+    windows.jsonl beside it): the new soakd resumes its SIGTERM-stopped run with that run's id,
+    baseline, canary reference and window numbering, reads every stored window as a typed summary,
+    and the report shows both segments."""
+    import shutil
+
+    from helpers import REPO, report_of
+
+    state = tmp_path / "state"
+    shutil.copytree(REPO / "tests" / "fixtures" / "state-v2", state)
+    with StoreReader(state) as reader:
+        stopped = reader.latest_unfinished_run()
+        assert stopped is not None and stopped.status == "running"
+        before = reader.load_windows(stopped.id)
+        base_before = reader.load_baseline(stopped.id)
+        elapsed = sum((s.ended_unix or 0) - s.started_unix for s in reader.load_segments(stopped.id))
+    assert [w.window for w in before] == [0, 1, 2] and before[-1].partial
+    assert base_before is not None and base_before[0] == 0
+    async with sim_server(**QUICK_SIM) as sim:
+        p = await SoakdProcess.start(*_args(sim.base_url, state, "--duration", f"{elapsed + 4:.1f}s",
+                                            cfg_dir=tmp_path))
+        started = await p.json_event("soakd_started")
+        assert started["run_id"] == stopped.id and started["resumed"] is True
+        resumed = await p.json_event("run_resumed")
+        assert resumed["first_window"] == 3 and resumed["windows"] == 2  # the partial one is not judged
+        closed = await p.json_event("window_closed", timeout=30)
+        assert closed["window"] == 3 and closed["segment"] == 1
+        assert await p.finish(30) in (0, 1)  # finished: a verdict, whatever it is
+    report = report_of(state, stopped.id)
+    assert report["run"]["status"] in ("finished", "failed") and len(report["run"]["segments"]) == 2
+    assert [w["window"] for w in report["windows"]][:4] == [0, 1, 2, 3]  # 2: partial, from the first segment
+    assert {w["segment"] for w in report["windows"]} == {0, 1}
+    assert report["baseline_window"] == 0 and report["baseline"] == base_before[1].dump()
+    with StoreReader(state) as reader:
+        events = reader.load_events(stopped.id, kinds=["canary_reference"])
+    assert len(events) == 1, "the canary kept the earlier release's reference"

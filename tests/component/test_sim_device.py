@@ -21,7 +21,7 @@ from soakd.cli import _demo_episodes
 from soakd.config import DcgmSamplerConfig, NvmlSamplerConfig, load_config
 from soakd.samplers.dcgm import DcgmSampler
 from soakd.samplers.nvml import NvmlSampler
-from soakd.samplers.reasons import decode_clocks_event_reasons
+from soakd.core.reasons import decode_clocks_event_reasons
 from soakd.sim import SimConfig, SimModel, SimServer, add_sim_arguments, fake_pynvml, sim_config_from_args
 from soakd.sim.device import HW_THERMAL, IDLE, SW_POWER_CAP, SW_THERMAL, SimDevice, dcgm_exposition
 

@@ -439,7 +439,7 @@ def _check_run(state: Path, log: JsonLog, rc: int, numbers: dict[str, Any]) -> N
     assert len(runs) == 1
     run = runs[0]
     run_id = run.id
-    windows = reader.load_windows(run_id)
+    windows = [w.dump() for w in reader.load_windows(run_id)]
     numbers["windows"] = [
         {"window": w["window"], "requests": w["requests"], "partial": w["partial"],
          "target_down_s": round(w.get("target_down_seconds") or 0, 1),

@@ -192,3 +192,31 @@ def tool(name: str, how: str) -> str:
 
 
 PROMETHEUS_HINT = "`make test` installs Debian's prometheus package (promtool and the server)"
+
+
+def report_of(state_dir: Path, run_id: str | None = None) -> dict[str, Any]:
+    """The JSON report of a run (the newest when ``run_id`` is None), built from the store."""
+    from soakd.report import build_report
+    from soakd.store import StoreReader
+
+    with StoreReader(state_dir) as reader:
+        return build_report(reader, run_id)
+
+
+def run_outcomes(report: dict[str, Any]) -> dict[str, int]:
+    """Outcome counts of a report's windows, summed."""
+    out: dict[str, int] = {}
+    for w in report["windows"]:
+        for k, v in w["outcomes"].items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+async def fill_up(store: Any) -> None:
+    """Simulate a full disk under a RunStore: the database may not grow by one more page."""
+    pages = (await store._execute("PRAGMA page_count"))[0][0]  # noqa: SLF001
+    await store._execute(f"PRAGMA max_page_count = {pages}")  # noqa: SLF001
+
+
+async def make_room(store: Any) -> None:
+    await store._execute("PRAGMA max_page_count = 1073741823")  # noqa: SLF001

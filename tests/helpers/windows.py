@@ -1,5 +1,5 @@
-"""Synthetic window summaries for the analysis tests (built through real DDSketches and
-``stats.quantile_ci``, in the shape of ``WindowStats.summary()`` plus the lead's additions).
+"""Synthetic window summaries for the analysis tests: typed ``WindowSummary`` objects, their
+latency statistics built through real DDSketches and ``stats.quantile_ci``.
 
 Imported by the analysis tests (``from helpers.windows import make_window``); tests/unit/test_helpers.py checks it.
 """
@@ -12,6 +12,7 @@ from typing import Any
 
 from soakd.analysis.sketch import RELATIVE_ACCURACY, merged, new_sketch, quantile
 from soakd.analysis.stats import quantile_ci
+from soakd.core.summary import WindowSummary
 
 OUTCOMES = ("ok", "http_error", "timeout", "connection_error", "invalid_response", "cancelled")
 
@@ -72,7 +73,7 @@ def make_window(
     quiesce: dict[str, Any] | None = None,
     target_down_seconds: float = 0.0,
     start_unix: float = 1_700_000_000.0,
-) -> dict[str, Any]:
+) -> WindowSummary:
     """A window summary. ``scenarios`` maps name -> overrides of (n, scale, ttft_scale,
     error_rate); without it, one scenario ``short_chat`` carries everything. ``n`` varies by
     about sqrt(n) between windows when ``poisson_n`` (open-loop arrivals)."""
@@ -98,6 +99,8 @@ def make_window(
             "itl_seconds": q_summary(r["itl"], n_effective=int(r["ttft"].count) or None),
             "requests_per_second": sn / duration,
             "output_tokens_per_second": r["ctoks"] / duration,
+            "completion_tokens": r["ctoks"],
+            "completion_tokens_sumsq": r["sumsq"],
         }
     total = sum(r["n"] for r in raw.values())
     oc = dict.fromkeys(OUTCOMES, 0)
@@ -128,12 +131,12 @@ def make_window(
         "quiesce": quiesce,
         "scenarios": per,
     }
-    return w
+    return WindowSummary.load(w)
 
 
 def simple_window(index: int, value: float, *, metric_field: str = "e2e_seconds", q: str = "p50",
                   rel_ci: float = 0.02, n: int = 1000, duration: float = 1800.0, partial: bool = False,
-                  tokens_per_second: float | None = None, **extra: Any) -> dict[str, Any]:  # fmt: skip
+                  tokens_per_second: float | None = None, **extra: Any) -> WindowSummary:  # fmt: skip
     """A hand-made window whose one quantile is ``value`` with a +-``rel_ci`` interval."""
     qd = {"p50": None, "p95": None, "p99": None, "mean": None, "count": n,
           "p50_ci": None, "p95_ci": None, "p99_ci": None}  # fmt: skip
@@ -144,10 +147,11 @@ def simple_window(index: int, value: float, *, metric_field: str = "e2e_seconds"
         "partial": partial, "requests": n, "outcomes": {"ok": n}, "error_rate": 0.0,
         metric_field: qd, "requests_per_second": n / duration,
         "output_tokens_per_second": tokens_per_second if tokens_per_second is not None else 120 * n / duration,
-        "completion_tokens": (tokens_per_second if tokens_per_second is not None else 120 * n / duration) * duration,
+        "completion_tokens": round((tokens_per_second if tokens_per_second is not None else 120 * n / duration)
+                                   * duration),
         "completion_tokens_sumsq": None, "scenarios": {},
     }  # fmt: skip
     if metric_field != "e2e_seconds":
         w["e2e_seconds"] = {"count": n}
     w.update(extra)
-    return w
+    return WindowSummary.load(w)

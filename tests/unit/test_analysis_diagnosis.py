@@ -7,7 +7,9 @@ import random
 import pytest
 
 from soakd.analysis import drift, leak, throttle
-from soakd.analysis.diagnosis import DIAGNOSES, TROUBLESHOOTING, DiagnosisConfig, Finding, diagnose
+from soakd.analysis.diagnosis import DIAGNOSES, TROUBLESHOOTING, Finding, diagnose
+from soakd.config.analysis import DiagnosisConfig
+from soakd.core.summary import WindowSummary
 from helpers.windows import make_window
 from test_analysis_throttle import device
 
@@ -66,8 +68,8 @@ def test_growing_idle_kv_residue_is_kv_cache_not_released() -> None:
 
 def test_device_memory_growth_is_memory_leak() -> None:
     ws = [
-        {"window": i, "start_unix": 1.7e9 + 1800 * i, "duration_seconds": 1800.0, "partial": False,
-         "device": {"memory_used_bytes": {"min": 30e9 + 100 * MIB * 0.5 * i}}}
+        WindowSummary.load({"window": i, "start_unix": 1.7e9 + 1800 * i, "duration_seconds": 1800.0, "partial": False,
+                            "device": {"memory_used_bytes": {"min": 30e9 + 100 * MIB * 0.5 * i}}})
         for i in range(10)
     ]  # fmt: skip
     res = leak.evaluate(ws)

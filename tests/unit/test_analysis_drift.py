@@ -8,8 +8,6 @@ import pytest
 from pydantic import ValidationError
 
 from soakd.analysis.drift import (
-    DEFAULT_METRICS,
-    DriftConfig,
     baseline_from_report,
     choose_baseline,
     compare,
@@ -18,6 +16,8 @@ from soakd.analysis.drift import (
     recurring_drops,
     stability,
 )
+from soakd.config.analysis import DriftConfig
+from soakd.core.tracked import DEFAULT_METRICS
 from helpers.windows import make_window, simple_window
 
 DEVICE = {
@@ -139,13 +139,13 @@ def test_error_rate_is_compared_in_absolute_terms() -> None:
     slightly = make_window(2, rng, 3000, error_rate=0.010, poisson_n=False)
     r = compare(worse, base, "error_rate")
     assert r.status == "drift" and r.direction == "degraded"
-    assert r.ratio == pytest.approx(worse["error_rate"] - base["error_rate"])  # a difference, not a ratio
+    assert r.ratio == pytest.approx(worse.error_rate - base.error_rate)  # a difference, not a ratio
     assert r.threshold == 0.01
     r = compare(slightly, base, "error_rate")
     assert r.status == "ok"  # doubled, but only +0.5 percentage points
     # and 0 errors on both sides is a valid comparison, not a division by zero
     clean = make_window(3, rng, 500, poisson_n=False)
-    assert compare(clean, clean | {"window": 9}, "error_rate").status == "ok"
+    assert compare(clean, clean.model_copy(update={"window": 9}), "error_rate").status == "ok"
 
 
 def test_energy_per_token_and_no_data() -> None:
@@ -156,7 +156,7 @@ def test_energy_per_token_and_no_data() -> None:
     assert (r.status, r.direction) == ("drift", "degraded")
     no_gpu = make_window(2, rng, 3000)
     assert compare(no_gpu, base, "energy_per_token").status == "no_data"
-    assert metric_value(no_gpu, "energy_per_token") == (None, None, no_gpu["requests"])
+    assert metric_value(no_gpu, "energy_per_token") == (None, None, no_gpu.requests)
 
 
 def test_metric_value_per_scenario() -> None:
@@ -165,7 +165,7 @@ def test_metric_value_per_scenario() -> None:
     v_long, ci_long, n_long = metric_value(w, "e2e_p50", scenario="long_context")
     v_short, _, _ = metric_value(w, "e2e_p50", scenario="short_chat")
     assert v_long > 3 * v_short and ci_long[0] <= v_long <= ci_long[1]
-    assert n_long == w["scenarios"]["long_context"]["e2e_seconds"]["count"]
+    assert n_long == w.scenarios["long_context"].e2e_seconds.count
     v, ci, n = metric_value(w, "output_tokens_per_second", scenario="long_context")
     assert ci[0] < v < ci[1]
     assert metric_value(w, "e2e_p50", scenario="missing") == (None, None, 0)
@@ -190,11 +190,12 @@ def test_choose_baseline_skips_partial_and_small() -> None:
         make_window(2, rng, 500, error_rate=1.0),  # everything failed
         make_window(3, rng, 500),
     ]
-    assert choose_baseline(ws)["window"] == 3
+    assert choose_baseline(ws).window == 3
     assert choose_baseline(ws[:3]) is None
-    assert baseline_from_report(ws)["window"] == 3
-    assert baseline_from_report({"windows": ws})["window"] == 3
-    assert baseline_from_report({"baseline": ws[0]})["window"] == 0
+    docs = [w.dump() for w in ws]  # a report holds the JSON documents
+    assert baseline_from_report(docs).window == 3
+    assert baseline_from_report({"windows": docs}).window == 3
+    assert baseline_from_report({"baseline": docs[0]}).window == 0
     assert baseline_from_report("nonsense") is None
 
 
@@ -254,7 +255,7 @@ def test_recurring_drops_found_in_a_periodic_pattern() -> None:
         simple_window(i, 1.0, tokens_per_second=v, n=5000, completion_tokens_sumsq=None) for i, v in enumerate(vals)
     ]
     for w in ws:
-        w["completion_tokens"] = w["output_tokens_per_second"] * w["duration_seconds"]
+        w.completion_tokens = round(w.output_tokens_per_second * w.duration_seconds)
     r = recurring_drops(ws, "output_tokens_per_second")
     assert r is not None
     assert r["dip_windows"] == [2, 7, 12, 17]

@@ -9,8 +9,6 @@ import pytest
 from pydantic import ValidationError
 
 from soakd.analysis.leak import (
-    GIB,
-    LeakConfig,
     evaluate,
     evaluate_memory,
     kv_residue,
@@ -18,6 +16,9 @@ from soakd.analysis.leak import (
     quiesce_probes,
     theil_sen,
 )
+from soakd.config.analysis import LeakConfig
+from soakd.core.summary import QuiesceProbe, WindowSummary
+from soakd.core.units import GIB
 
 MIB = 2**20
 
@@ -70,15 +71,15 @@ def test_theil_sen_ties_few_points_and_subsampling() -> None:
 
 
 def _mem_windows(per_hour: float, n: int, noise: float, seed: int, *, field: str = "memory_used_bytes",
-                 section: str = "device", base: float = 40 * GIB, stat: str = "min") -> list[dict]:  # fmt: skip
+                 section: str = "device", base: float = 40 * GIB, stat: str = "min") -> list[WindowSummary]:  # fmt: skip
     rng = random.Random(seed)
     out = []
     for i in range(n):
         v = base + per_hour * 0.5 * i + rng.gauss(0, noise)
-        out.append({
+        out.append(WindowSummary.load({
             "window": i, "start_unix": 1_700_000_000.0 + 1800 * i, "duration_seconds": 1800.0, "partial": False,
             section: {field: {stat: v, "max": v + 2 * GIB, "mean": v + GIB}},
-        })  # fmt: skip
+        }))  # fmt: skip
     return out
 
 
@@ -114,7 +115,7 @@ def test_few_windows_are_insufficient_and_missing_is_no_data() -> None:
 
 def test_partial_windows_are_left_out_and_other_sources() -> None:
     ws = _mem_windows(100 * MIB, 10, 1 * MIB, seed=7, field="target_rss_bytes", section="host")
-    ws[-1]["partial"] = True
+    ws[-1].partial = True
     assert len(memory_series(ws, "target_rss")) == 9
     assert evaluate_memory(ws, "target_rss").suspected
     gpu = _mem_windows(100 * MIB, 10, 1 * MIB, seed=8, field="target_gpu_memory_bytes")
@@ -152,9 +153,9 @@ def test_kv_residue_returning_to_first_idle_value_or_small() -> None:
 def test_quiesce_probes_and_evaluate_all() -> None:
     ws = _mem_windows(0.0, 8, 1 * MIB, seed=12)
     for i, w in enumerate(ws):
-        w["quiesce"] = {"t_unix": w["start_unix"] + 1700, "kv_cache_usage_ratio": 0.01 + 0.015 * i,
-                        "memory_used_bytes": None}  # fmt: skip
-    ws[3]["quiesce"] = None
+        w.quiesce = QuiesceProbe(t_unix=w.start_unix + 1700, window=w.window, kv_cache_usage_ratio=0.01 + 0.015 * i,
+                                 memory_used_bytes=None)  # fmt: skip
+    ws[3].quiesce = None
     assert len(quiesce_probes(ws)) == 7
     res = {r.source: r for r in evaluate(ws)}
     assert set(res) == {"device_memory", "target_gpu_memory", "target_rss", "kv_cache", "kv_residue"}

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from soakd.analysis.throttle import PERFORMANCE_REASONS, ThrottleConfig, evaluate
-from soakd.samplers.reasons import CLOCKS_EVENT_REASON_NAMES
+from soakd.analysis.throttle import evaluate
+from soakd.config.analysis import ThrottleConfig
+from soakd.core.reasons import CLOCKS_EVENT_REASON_NAMES, PERFORMANCE_REASONS
+from soakd.core.summary import WindowSummary
 
 
 def device(shares: dict[str, float], sm_mean: float = 1.98e9, *, temp: float = 70.0, power: float = 600.0) -> dict:
@@ -20,8 +22,8 @@ def device(shares: dict[str, float], sm_mean: float = 1.98e9, *, temp: float = 7
     }
 
 
-def window(i: int, **kw) -> dict:  # noqa: ANN003
-    return {"window": i, "device": device(**kw)}
+def window(i: int, **kw) -> WindowSummary:  # noqa: ANN003
+    return WindowSummary.load({"window": i, "device": device(**kw)})
 
 
 def test_thermal_throttle_detected_with_clock_drop_vs_baseline() -> None:
@@ -56,8 +58,8 @@ def test_power_cap_without_baseline_uses_max_clock() -> None:
 
 
 def test_no_device_data_and_custom_reasons() -> None:
-    assert evaluate({"window": 0}, None) == []
-    assert evaluate({"window": 0, "device": {"power_watts": {"mean": 1}}}, None) == []
+    assert evaluate(WindowSummary(window=0), None) == []
+    assert evaluate(WindowSummary.load({"window": 0, "device": {"power_watts": {"mean": 1}}}), None) == []
     w = window(3, shares={"sync_boost": 0.9})
     assert not any(r.detected for r in evaluate(w, None))
     (r,) = evaluate(w, None, ThrottleConfig(reasons=["sync_boost"]))

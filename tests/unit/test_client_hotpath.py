@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from soakd.client import openai as oc
-from soakd.client.records import Outcome, RequestRecord
+from soakd.core.records import Outcome, RequestRecord
 from soakd.client.sse import SSEDecoder
 from soakd.config import TargetConfig
 

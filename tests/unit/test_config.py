@@ -4,6 +4,7 @@ field path and bad value, and the API key kept out of everything soakd prints or
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 
@@ -12,9 +13,9 @@ import yaml
 
 from soakd.cli import build_parser, overrides_from_args
 from soakd.config import ConfigError, SoakConfig, env_overrides, load_config
-from soakd.daemon import SoakDaemon
+from soakd.runtime import Runtime
 from soakd.workload.scenarios import resolve_all
-from helpers import QUICK_SIM, http_get, run_soakd, sim_server, soakd_env, wait_until
+from helpers import QUICK_SIM, http_get, report_of, run_outcomes, run_soakd, sim_server, soakd_env, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -253,10 +254,10 @@ async def test_key_reaches_the_server_but_never_logs_or_summary(tmp_path: Path) 
     assert SECRET not in out and SECRET not in err
     events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert any(e.get("event") == "soakd_started" for e in events)
-    summaries = list(state.glob("*/summary.json"))
-    assert len(summaries) == 1
-    summary = json.loads(summaries[0].read_text())
-    assert summary["outcomes"]["ok"] > 0 and summary["outcomes"]["http_error"] == 0
+    reports = list(state.glob("*/report.json"))
+    assert len(reports) == 1
+    outcomes = run_outcomes(json.loads(reports[0].read_text()))
+    assert outcomes["ok"] > 0 and outcomes["http_error"] == 0
     for f in state.rglob("*"):
         if f.is_file():
             assert SECRET not in f.read_text(errors="replace"), f
@@ -272,12 +273,12 @@ async def test_key_not_in_status_metrics_or_final_summary(tmp_path: Path) -> Non
             "load": {"concurrency": 2, "mix": {"short_chat": 1}},
             "metrics": {"host": "127.0.0.1", "port": 0},
         }, environ={})  # fmt: skip
-        daemon = SoakDaemon(cfg, progress=False)
-        task = asyncio.create_task(daemon.run())
+        runtime = Runtime(cfg, progress=False)
+        task = asyncio.create_task(runtime.run())
         try:
-            await wait_until(lambda: daemon.recorder is not None and daemon.recorder.finished_count >= 3,
+            await wait_until(lambda: runtime.load is not None and runtime.load.recorder.finished_count >= 3,
                              what="a few finished requests")
-            base = daemon.web.url
+            base = runtime.web.url
             for path in ("/status", "/metrics", "/readyz", "/healthz", "/"):
                 status, body = await http_get(base + path)
                 assert status == 200, path
@@ -285,9 +286,10 @@ async def test_key_not_in_status_metrics_or_final_summary(tmp_path: Path) -> Non
             _, status_body = await http_get(base + "/status")
             assert json.loads(status_body)["outcomes"]["ok"] >= 3  # the key worked
         finally:
-            final = await asyncio.wait_for(task, 20)
-    assert SECRET not in json.dumps(final, default=str)
-    assert SECRET not in json.dumps(daemon.status(), default=str)
+            outcome = await asyncio.wait_for(task, 20)
+    assert SECRET not in json.dumps(dataclasses.asdict(outcome), default=str)
+    assert SECRET not in json.dumps(runtime.status.status(), default=str)
+    assert SECRET not in json.dumps(report_of(cfg.run.state_dir), default=str)
 
 
 def test_simulator_key_in_config_is_masked(tmp_path: Path) -> None:

@@ -17,10 +17,11 @@ from aiohttp import web
 
 from soakd.config import DcgmSamplerConfig
 from soakd.metrics import BY_NAME
-from soakd.samplers.base import SamplerRunner, SamplerUnavailable, Series
+from soakd.core.series import Series
+from soakd.samplers.base import SamplerRunner, SamplerUnavailable
 from soakd.samplers.dcgm import DcgmSampler, MonotonicCounter, violation_units_per_second
 from soakd.samplers.promtext import ScrapeError
-from soakd.samplers.reasons import (
+from soakd.core.reasons import (
     CLOCKS_EVENT_REASON_NAMES,
     CLOCKS_EVENT_REASONS,
     VIOLATION_REASONS,

@@ -21,8 +21,9 @@ from soakd.sim.fake_pynvml import FakeGpu
 from soakd.config import NvmlSamplerConfig
 from soakd.metrics import BY_NAME
 from soakd.samplers import nvml as nvml_sampler
-from soakd.samplers import reasons
-from soakd.samplers.base import SamplerRunner, SamplerUnavailable, Series, SnapshotCollector
+from soakd.core import reasons
+from soakd.core.series import Series
+from soakd.samplers.base import SamplerRunner, SamplerUnavailable, SnapshotCollector
 from soakd.samplers.nvml import CLOCK_EVENT_REASON_LABELS, THROTTLE_REASON_LABELS, NvmlSampler
 
 pytestmark = pytest.mark.timeout(10)
@@ -155,7 +156,7 @@ async def test_exposition_through_the_snapshot_collector(fake):
 
     class _C:
         def collect(self):
-            return SnapshotCollector([runner], BY_NAME)()
+            return SnapshotCollector([runner])()
 
     registry.register(_C())
     get = registry.get_sample_value
@@ -404,7 +405,7 @@ async def test_library_not_found_via_the_runner_warns_once_and_recovers(fake):
     warnings = [e for e in logs if e["log_level"] in ("warning", "error")]
     assert len(warnings) == 1, warnings
     assert warnings[0]["event"] == "sampler_unavailable" and "libnvidia-ml.so.1" in warnings[0]["reason"]
-    fams = {f.name: f for f in SnapshotCollector([runner], BY_NAME)()}
+    fams = {f.name: f for f in SnapshotCollector([runner])()}
     assert [(s.labels, s.value) for s in fams["soakd_sampler_up"].samples] == [({"sampler": "nvml"}, 0.0)]
     assert not [n for n in fams if n.startswith("soakd_gpu")]
     F.scenario.init_error = None  # the GPU shows up: init is retried every run

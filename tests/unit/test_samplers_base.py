@@ -12,8 +12,8 @@ from prometheus_client.registry import Collector
 from structlog.testing import capture_logs
 
 from soakd.config import HostSamplerConfig
-from soakd.metrics import BY_NAME
-from soakd.samplers.base import SamplerRunner, SamplerUnavailable, SnapshotCollector, series
+from soakd.core.series import series
+from soakd.samplers.base import SamplerRunner, SamplerUnavailable, SnapshotCollector
 from soakd.samplers.host import HostSampler, read_stat
 
 
@@ -79,7 +79,7 @@ def _registry(collector_fn) -> CollectorRegistry:
 async def test_broken_sampler_does_not_hide_others_and_logs_state_changes_once():
     good, broken = GoodSampler(), BrokenSampler(RuntimeError("scrape failed: HTTP 500"))
     runners = [SamplerRunner(good, 5.0), SamplerRunner(broken, 5.0)]
-    reg = _registry(SnapshotCollector(runners, BY_NAME))
+    reg = _registry(SnapshotCollector(runners))
     with capture_logs() as logs:
         for _ in range(4):
             for r in runners:
@@ -122,7 +122,7 @@ async def test_stale_series_drop_out():
     clock = FakeClock()
     good = GoodSampler()
     runner = SamplerRunner(good, 5.0, clock=clock)
-    reg = _registry(SnapshotCollector([runner], BY_NAME, clock=clock))
+    reg = _registry(SnapshotCollector([runner], clock=clock))
     await runner.run_once()
     assert reg.get_sample_value("soakd_gpu_power_watts", {"gpu": "0", "uuid": "GPU-a"}) == 1.0
     clock.t += 60  # no successful sample for 12 intervals

@@ -20,7 +20,8 @@ from structlog.testing import capture_logs
 
 from soakd.config import ServerSamplerConfig
 from soakd.metrics import BY_NAME
-from soakd.samplers.base import SamplerRunner, SamplerUnavailable, Series, SnapshotCollector
+from soakd.core.series import Series
+from soakd.samplers.base import SamplerRunner, SamplerUnavailable, SnapshotCollector
 from soakd.samplers.promtext import Exposition, ScrapeError, counter_names, parse_exposition, redact_url, ref
 from soakd.samplers.server import TABLES, ServerSampler, detect, metrics_urls, normalise
 
@@ -509,7 +510,7 @@ async def test_snapshot_collector_exports_the_catalogue_names() -> None:
             assert await runner.run_once()
         finally:
             await sampler.aclose()
-    collector = SnapshotCollector([runner], BY_NAME)
+    collector = SnapshotCollector([runner])
 
     class _C:
         def collect(self):  # noqa: ANN202

@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from helpers import fill_up, make_room
+
 from soakd.store import (
     SCHEMA_VERSION,
     RunStore,
@@ -138,10 +140,10 @@ async def test_windows_upsert_partial_then_final_never_the_reverse(store: RunSto
     assert await store.save_window("run1", 2, seg, window_summary(2, partial=True, requests=7))
 
     windows = await store.load_windows("run1")
-    assert [(w["window"], w["partial"], w["requests"], w["segment"]) for w in windows] == [
+    assert [(w.window, w.partial, w.requests, w.segment) for w in windows] == [
         (0, False, 100, 0), (1, False, 100, 0), (2, True, 7, 0)]
-    assert windows[1]["scenarios"]["long_context"]["e2e_seconds"]["p95"] == pytest.approx(0.501)
-    assert [w["window"] for w in await store.load_windows("run1", include_partial=False)] == [0, 1]
+    assert windows[1].scenarios["long_context"].e2e_seconds.p95 == pytest.approx(0.501)
+    assert [w.window for w in await store.load_windows("run1", include_partial=False)] == [0, 1]
     assert await store._execute("SELECT start_unix, end_unix FROM windows WHERE idx = 1") == [
         (1_700_001_800.0, 1_700_003_600.0)]
     with pytest.raises(StoreError, match="refused"):
@@ -157,7 +159,7 @@ async def test_baseline_round_trip_and_survives_reopen(tmp_path: Path) -> None:
     await store.close()
     store = await RunStore.open(tmp_path)
     idx, summary = await store.load_baseline("run1")  # type: ignore[misc]
-    assert idx == 0 and summary["e2e_seconds"]["p95"] == pytest.approx(0.5)
+    assert idx == 0 and summary.e2e_seconds.p95 == pytest.approx(0.5)
     assert (await store.get_run("run1")).baseline_window == 0  # type: ignore[union-attr]
     await store.close()
 
@@ -208,7 +210,7 @@ async def test_samples_downsampled_to_one_row_per_series_per_minute_with_bounded
 
 
 async def test_samples_merge_across_flush_and_restart_and_skip_non_numbers(tmp_path: Path) -> None:
-    from soakd.samplers.base import series
+    from soakd.core.series import series
 
     store = await RunStore.open(tmp_path)
     await new_run(store)
@@ -256,7 +258,7 @@ async def test_resume_keeps_run_baseline_numbering_and_records_the_gap(tmp_path:
     assert [(s.seq, s.reason, s.end_reason) for s in segs] == [(0, "start", "interrupted"), (1, "resume", "sigterm")]
     assert segs[0].ended_unix == pytest.approx(t0 + 50)  # the last sign of life, not the restart
     assert segment_gaps(segs) == [(pytest.approx(t0 + 50), pytest.approx(t0 + 100))]
-    assert [(w["window"], w["segment"]) for w in await store.load_windows("run1")] == [(0, 0), (1, 0), (2, 0), (3, 1)]
+    assert [(w.window, w.segment) for w in await store.load_windows("run1")] == [(0, 0), (1, 0), (2, 0), (3, 1)]
 
     # --new-run: the caller fails the old one and starts another
     await store.finish_run("run1", "superseded by --new-run", status="failed")
@@ -344,7 +346,7 @@ async def test_a_store_written_by_schema_v1_migrates_and_keeps_its_data(tmp_path
         run = await store.latest_unfinished_run()
         assert run is not None and (run.id, run.last_window, run.windows, run.segments) == ("old", 1, 2, 1)
         assert (await store.get_run("done")).verdict == {"verdict": "pass"}  # type: ignore[union-attr]
-        assert [(w["window"], w["segment"], w["requests"]) for w in await store.load_windows("old")] == [
+        assert [(w.window, w.segment, w.requests) for w in await store.load_windows("old")] == [
             (0, 0, 100), (1, 0, 100)]
         assert (await store.load_baseline("old"))[0] == 0  # type: ignore[index]
         (ev,) = await store.load_events("old")
@@ -505,21 +507,11 @@ async def test_read_only_file_system_fails_fast_even_for_root_and_reports_still_
         with pytest.raises(StoreError, match="read-only file system"):
             await RunStore.open(mnt / "sub")
         with StoreReader(mnt) as reader:  # a WAL database on a read-only mount is still readable
-            assert [w["window"] for w in reader.load_windows("run1")] == [0]
+            assert [w.window for w in reader.load_windows("run1")] == [0]
 
 
 # ---------------------------------------------------------------------------------------------
 # a full disk mid-run
-
-
-async def fill_up(store: RunStore) -> None:
-    """Simulate a full disk: the database may not grow by one more page."""
-    pages = (await store._execute("PRAGMA page_count"))[0][0]
-    await store._execute(f"PRAGMA max_page_count = {pages}")
-
-
-async def make_room(store: RunStore) -> None:
-    await store._execute("PRAGMA max_page_count = 1073741823")
 
 
 async def test_full_disk_keeps_writes_in_memory_and_replays_them_in_order(tmp_path: Path) -> None:
@@ -537,13 +529,13 @@ async def test_full_disk_keeps_writes_in_memory_and_replays_them_in_order(tmp_pa
         await store.add_event("run1", "drift", "warning", "during the outage", window=1, t_unix=T0 + 1.0)
     assert not second.value.first and second.value.pending == 2  # log once: only the first one is "first"
     assert changes == [(False, changes[0][1])] and "full" in (changes[0][1] or "")
-    assert [w["window"] for w in await store.load_windows("run1")] == [0]  # reads see SQLite only
+    assert [w.window for w in await store.load_windows("run1")] == [0]  # reads see SQLite only
     health = store.health()
     assert (health["available"], health["pending_writes"]) == (False, 2)
 
     await make_room(store)  # space returns: the next write replays the queue first, in order
     assert await store.save_window("run1", 2, seg, window_summary(2))
-    assert [w["window"] for w in await store.load_windows("run1")] == [0, 1, 2]
+    assert [w.window for w in await store.load_windows("run1")] == [0, 1, 2]
     (ev,) = await store.load_events("run1")
     assert (ev.message, ev.t_unix) == ("during the outage", T0 + 1.0)  # the time it happened, not of the replay
     assert changes[-1] == (True, None) and store.available and store.pending == 0
@@ -571,7 +563,7 @@ async def test_the_retry_queue_is_bounded_and_drops_samples_before_windows_and_e
 
     await make_room(store)
     assert await store.retry_pending()
-    assert [w["window"] for w in await store.load_windows("run1")] == [0, 1]
+    assert [w.window for w in await store.load_windows("run1")] == [0, 1]
     assert [e.kind for e in await store.load_events("run1")] == ["leak"]
     # the oldest sample minutes went first; the newest two were kept
     assert [r.t_minute for r in await store.load_samples("run1")] == [T0 + 240, T0 + 300]
@@ -597,7 +589,7 @@ async def test_a_real_full_file_system_degrades_then_recovers(tmp_path: Path) ->
             await store.add_samples("run1", T0 + 70, [("kv", None, 2.0)])
         assert subprocess.run(["mount", "-o", "remount,size=16m", str(mnt)], check=False).returncode == 0
         assert await store.retry_pending()
-        assert [w["window"] for w in await store.load_windows("run1")] == list(range(saved + 1))
+        assert [w.window for w in await store.load_windows("run1")] == list(range(saved + 1))
         assert len(await store.load_samples("run1")) == 1
         assert await store.integrity_check() == "ok"
         await store.close()
@@ -684,7 +676,7 @@ async def test_sigkill_at_any_moment_loses_no_committed_window(tmp_path: Path) -
     store = await RunStore.open(tmp_path)
     try:
         assert await store.integrity_check() == "ok"
-        windows = [w["window"] for w in await store.load_windows("killme")]
+        windows = [w.window for w in await store.load_windows("killme")]
         assert set(windows) >= reported  # everything the child announced is there
         assert windows == list(range(len(windows)))  # and numbering continued across restarts without holes
         segs = await store.load_segments("killme")
@@ -706,9 +698,9 @@ async def test_reader_reads_beside_a_running_writer(tmp_path: Path) -> None:
     await store.add_event("run1", "throttle", "warning", "power cap", {"reason": "sw_power_cap"})
     with StoreReader(tmp_path) as reader:
         assert reader.latest_run().id == "run1"  # type: ignore[union-attr]
-        assert [w["window"] for w in reader.load_windows("run1")] == [0]
+        assert [w.window for w in reader.load_windows("run1")] == [0]
         await store.save_window("run1", 1, seg, window_summary(1))  # WAL: the writer is not blocked
-        assert [w["window"] for w in reader.load_windows("run1")] == [0, 1]
+        assert [w.window for w in reader.load_windows("run1")] == [0, 1]
         assert [e.kind for e in reader.load_events("run1")] == ["throttle"]
         assert reader.latest_unfinished_run().id == "run1"  # type: ignore[union-attr]
         with pytest.raises(sqlite3.OperationalError, match="readonly"):

@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from soakd.analysis.window import Timeline
+from soakd.core.timeline import Timeline
 from soakd.client.openai import OpenAIClient
-from soakd.client.records import RequestRecord
+from soakd.core.records import RequestRecord
 from soakd.config import ConfigError, LoadConfig, TargetConfig, load_config
-from soakd.driver import LoadDriver
 from soakd.metrics import SoakMetrics
-from soakd.recorder import Recorder
+from soakd.soak.driver import LoadDriver
+from soakd.soak.recorder import Recorder
+from soakd.soak.windows import WindowSet
 from soakd.workload.arrivals import arrivals, constant, poisson
 from soakd.workload.corpus import Corpus
 from soakd.workload.mix import StratifiedMix
@@ -138,7 +139,7 @@ async def test_driver_keeps_warmup_out_of_window_zero_stratum() -> None:
         scenarios = {"short_chat": replace(BUILTIN["short_chat"], max_tokens=(2, 2))}
         loop = asyncio.get_running_loop()
         tl = Timeline(loop.time(), 100.0, 10.0, 200.0)  # all of this test is warm-up
-        recorder = Recorder(SoakMetrics(tuple(scenarios)), tl)
+        recorder = Recorder(SoakMetrics(tuple(scenarios)), WindowSet(tl))
         wl = Workload(scenarios, load.mix, "soakd-sim", 0, SMALL_CORPUS)
         asked: list[int] = []
         next_unit = wl.next_unit
@@ -318,13 +319,13 @@ async def test_batch_burst_releases_its_requests_together() -> None:
         metrics = SoakMetrics(tuple(scenarios))
         loop = asyncio.get_running_loop()
         tl = Timeline(loop.time(), 0.0, 10.0, 10.0)
-        recorder = Recorder(metrics, tl)
+        recorder = Recorder(metrics, WindowSet(tl))
         peak = 0
         started = recorder.started
 
-        def track(rec: RequestRecord, now: float) -> None:
+        def track(rec: RequestRecord) -> None:
             nonlocal peak
-            started(rec, now)
+            started(rec)
             peak = max(peak, recorder.in_flight)
 
         recorder.started = track  # type: ignore[method-assign]
@@ -347,7 +348,7 @@ async def test_open_loop_sends_exactly_max_requests() -> None:
         metrics = SoakMetrics(tuple(scenarios))
         loop = asyncio.get_running_loop()
         tl = Timeline(loop.time(), 0.0, 10.0, 10.0)
-        recorder = Recorder(metrics, tl)
+        recorder = Recorder(metrics, WindowSet(tl))
         client = OpenAIClient(TargetConfig(url=sim.base_url))
         driver = LoadDriver(load, client, Workload(scenarios, load.mix, "soakd-sim", 0, SMALL_CORPUS),
                             recorder, tl, max_requests=17)
@@ -370,7 +371,7 @@ def test_requests_per_unit_accounts_for_bursts() -> None:
 async def test_open_loop_rate_is_requests_per_second(monkeypatch: pytest.MonkeyPatch) -> None:
     """``load.rate`` counts requests: with bursts in the mix the unit arrival rate is lower, so the
     requests sent per second match the configured rate."""
-    import soakd.driver as driver_mod
+    import soakd.soak.driver as driver_mod
 
     seen: list[float] = []
 
@@ -384,7 +385,7 @@ async def test_open_loop_rate_is_requests_per_second(monkeypatch: pytest.MonkeyP
     loop = asyncio.get_running_loop()
     tl = Timeline(loop.time(), 0.0, 10.0, 10.0)
     client = OpenAIClient(TargetConfig(url="http://127.0.0.1:9/v1"))
-    driver = LoadDriver(load, client, wl, Recorder(SoakMetrics(tuple(load.mix)), tl), tl)
+    driver = LoadDriver(load, client, wl, Recorder(SoakMetrics(tuple(load.mix)), WindowSet(tl)), tl)
     await asyncio.wait_for(driver.run(grace=1), 5)
     await client.close()
     assert seen == [pytest.approx(30.0 * 9 / 16)]

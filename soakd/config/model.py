@@ -1,6 +1,6 @@
-"""The one configuration model: YAML file < environment ``SOAKD_*`` < command-line flags.
+"""The configuration model of a soak (``SoakConfig`` and its sections).
 
-Every error names the field path, the bad value and what is expected, all at once, before
+Loaded by ``soakd.config.loading`` (YAML file < environment ``SOAKD_*`` < command-line flags). Every error names the field path, the bad value and what is expected, all at once, before
 anything starts (``ConfigError``). Secrets (the API key) never live in the model: only where
 to read them from (``api_key_env`` / ``api_key_file``).
 """
@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from soakd.analysis.diagnosis import DiagnosisConfig
-from soakd.analysis.drift import DriftConfig
-from soakd.analysis.leak import LeakConfig
-from soakd.analysis.throttle import ThrottleConfig
-from soakd.canary import CanaryConfig
-from soakd.durations import Duration
-from soakd.sim.config import SimConfig
+from soakd.config.analysis import AnalysisConfig
+from soakd.config.sim import SimConfig
+from soakd.core.durations import Duration
 
 BUILTIN_SCENARIOS = ("short_chat", "long_context", "batch_burst", "multi_turn", "code_completion")
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
@@ -284,43 +280,21 @@ class SamplersConfig(_Model):
     host: HostSamplerConfig = Field(default_factory=HostSamplerConfig)
 
 
-class QuiesceConfig(_Model):
-    enabled: bool = Field(
-        True,
-        description="Quiesce probes: stop sending, let in-flight requests drain, sample KV-cache usage and device "
-        "memory at idle, then resume. Probe time is excluded from load statistics.",
-    )
-    interval: Duration | None = Field(
-        None, gt=0, description="Time between probes; null = once per window (at its middle)."
-    )
-    drain_timeout: Duration = Field(60.0, gt=0, description="Longest wait for in-flight requests to finish.")
-    settle: Duration = Field(
-        2.0, ge=0, description="Idle time before the idle sample (lets the server free blocks and update gauges)."
-    )
+@dataclass(frozen=True)
+class RunPolicies:
+    """What the window length decides for the rest of a soak, computed once
+    (``SoakConfig.policies()``): the parts read these, never ``run.window`` itself."""
 
-
-class VerdictConfig(_Model):
-    fail_on: list[Literal["drift", "leak", "throttle", "errors", "canary", "target"]] = Field(
-        default_factory=lambda: ["drift", "leak", "throttle", "errors", "canary"],
-        description="Finding kinds that fail the run (exit code 1).",
-    )
-    error_budget: float = Field(
-        0.01, ge=0, le=1, description="Run-wide share of failed measured requests allowed before 'errors' fails it."
-    )
-
-
-class AnalysisConfig(_Model):
-    drift: DriftConfig = Field(default_factory=DriftConfig)
-    leak: LeakConfig = Field(default_factory=LeakConfig)
-    throttle: ThrottleConfig = Field(default_factory=ThrottleConfig)
-    diagnosis: DiagnosisConfig = Field(default_factory=DiagnosisConfig)
-    quiesce: QuiesceConfig = Field(default_factory=QuiesceConfig)
-    canary: CanaryConfig = Field(default_factory=CanaryConfig)
-    verdict: VerdictConfig = Field(default_factory=VerdictConfig)
-    baseline: Path | None = Field(
-        None, description="An earlier run's JSON report (or its windows) to use as the baseline instead of the "
-        "first full window of this run."
-    )
+    tick_seconds: float  # how often progress advances and due windows close: window/10 in [0.1 s, 1 s]
+    close_patience: float  # how long a window waits for its last requests: min(window, 120 s)
+    quiesce: bool  # quiesce probes run: enabled, and the window at least 10x the settle time (0.1 s min)
+    quiesce_skipped_reason: str | None  # why they do not, when enabled
+    quiesce_interval: float  # analysis.quiesce.interval, or once per window
+    quiesce_first_after: float  # first probe: warm-up plus half an interval
+    quiesce_drain_timeout: float  # min(analysis.quiesce.drain_timeout, window / 4)
+    quiesce_min_remaining: float  # no probe in the last min(window / 2, 60 s) of the run
+    canary_own_schedule: bool  # the canary runs on its interval (not inside the probes)
+    canary_first_after: float  # first canary on its own schedule: warm-up plus half min(interval, window)
 
 
 class SoakConfig(_Model):
@@ -389,112 +363,26 @@ class SoakConfig(_Model):
             return key
         return None
 
+    def policies(self) -> RunPolicies:
+        window, q, c = self.run.window, self.analysis.quiesce, self.analysis.canary
+        fits = window >= 10 * max(q.settle, 0.1)
+        quiesce = q.enabled and fits
+        interval = q.interval or window
+        return RunPolicies(
+            tick_seconds=max(0.1, min(1.0, window / 10)),
+            close_patience=min(window, 120.0),
+            quiesce=quiesce,
+            quiesce_skipped_reason=None if fits or not q.enabled else (
+                f"window {window:g}s is shorter than 10x the probe's settle time ({max(q.settle, 0.1):g}s); "
+                "lower analysis.quiesce.settle to probe"),
+            quiesce_interval=interval,
+            quiesce_first_after=self.run.warmup + interval / 2,
+            quiesce_drain_timeout=min(q.drain_timeout, window / 4),
+            quiesce_min_remaining=min(window / 2, 60.0),
+            canary_own_schedule=c.enabled and not (quiesce and c.with_quiesce),
+            canary_first_after=self.run.warmup + min(c.interval, window) / 2,
+        )
+
     def redacted(self) -> dict[str, Any]:
         """The effective configuration as plain data (durations as '30m'); holds no secret by construction."""
         return self.model_dump(mode="json")
-
-
-# ---- loading: file < env < flags ------------------------------------------------------------
-
-ENV_PREFIX = "SOAKD_"
-
-
-def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
-    node = tree
-    for key in path[:-1]:
-        nxt = node.get(key)
-        if not isinstance(nxt, dict):
-            nxt = {}
-            node[key] = nxt
-        node = nxt
-    node[path[-1]] = value
-
-
-def env_overrides(environ: dict[str, str] | None = None) -> dict[str, Any]:
-    """``SOAKD_RUN__DURATION=1h`` -> ``{"run": {"duration": "1h"}}`` (``__`` nests). Values are YAML scalars,
-    so ``SOAKD_LOAD__CONCURRENCY=16`` is an int and ``SOAKD_LOAD__MIX='{short_chat: 1}'`` a mapping."""
-    environ = os.environ if environ is None else environ
-    out: dict[str, Any] = {}
-    for key, raw in environ.items():
-        if not key.startswith(ENV_PREFIX) or key in ("SOAKD_CONFIG",):
-            continue
-        path = [p.lower() for p in key[len(ENV_PREFIX):].split("__") if p]
-        if not path or path[0] not in SoakConfig.model_fields:
-            continue
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else raw
-        except yaml.YAMLError:
-            value = raw
-        _set_path(out, path, value)
-    return out
-
-
-def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict) and key not in ("mix",):
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
-def _fmt_loc(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(p) for p in loc if not (isinstance(p, str) and p.startswith("function-"))) or "(top level)"
-
-
-def format_validation_error(exc: ValidationError, where: str = "") -> list[str]:
-    lines = []
-    for err in exc.errors(include_url=False):
-        loc = _fmt_loc(err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown field (check the spelling; see examples/soak.yaml for every field)"
-        shown = err.get("input")
-        value = ""
-        if err["type"] not in ("missing",) and not isinstance(shown, (dict, list)) and "api_key" not in loc:
-            if repr(shown) not in msg:  # parse_duration's message already quotes the bad value
-                value = f" (got {shown!r})"
-        for line in msg.split("\n"):
-            # cross-field checks name their own field path ("load.mix: ..."); keep it
-            head = line.split(":", 1)[0]
-            own = ":" in line and re.fullmatch(r"[a-z_][a-z0-9_.]*", head) is not None and (
-                loc == "(top level)" or head == loc or head.startswith(loc + ".")
-            )
-            lines.append(f"{line}{where}" if own else f"{loc}: {line}{value}{where}")
-    return lines
-
-
-def read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError([f"config file {path}: cannot read it: {exc.strerror or exc}"]) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError([f"config file {path}: not valid YAML{where}: {problem}"]) from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError([f"config file {path}: expected a mapping of sections (target:, run:, load: ...), got {type(data).__name__}"])
-    return data
-
-
-def load_config(
-    path: Path | str | None = None,
-    overrides: dict[str, Any] | None = None,
-    environ: dict[str, str] | None = None,
-) -> SoakConfig:
-    """Build the effective configuration. Raises ConfigError listing every problem."""
-    data: dict[str, Any] = read_yaml(Path(path)) if path else {}
-    data = deep_merge(data, env_overrides(environ))
-    if overrides:
-        data = deep_merge(data, overrides)
-    try:
-        return SoakConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc)) from None

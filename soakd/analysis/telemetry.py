@@ -1,6 +1,6 @@
 """Per-window aggregates of the sampled telemetry (device, server, host).
 
-Samplers deliver snapshots; the daemon routes each to the window it falls in. Across GPUs a
+Samplers deliver snapshots; ``soakd.soak.telemetry`` routes each to the window it falls in. Across GPUs a
 snapshot is reduced first (memory, power and energy summed — the node's totals; temperatures by
 their maximum — the hottest device limits; SM clock by the mean; a clocks-event reason counts as
 active when any GPU reports it), then aggregated over the window with O(1) state per quantity:
@@ -11,10 +11,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any
 
-from soakd.samplers.base import Series
-from soakd.samplers.reasons import CLOCKS_EVENT_REASON_NAMES
+from soakd.core.reasons import CLOCKS_EVENT_REASON_NAMES
+from soakd.core.series import Series
+from soakd.core.summary import (
+    ClockStat,
+    DeviceSummary,
+    HostMemoryStat,
+    HostSummary,
+    MeanMax,
+    MemoryStat,
+    PowerStat,
+    RangeStat,
+    ServerSummary,
+)
 
 
 class Agg:
@@ -132,19 +142,18 @@ def reduce_snapshot(series: Iterable[Series]) -> tuple[dict[str, float], dict[st
     return values, reasons
 
 
-class SampleWindow:
+class TelemetryStats:
     """The telemetry of one window. Bounded: a fixed set of aggregates, whatever the length."""
 
     def __init__(self) -> None:
         self.aggs: dict[str, Agg] = {}
         self.reason_samples = 0
         self.reason_active: dict[str, int] = dict.fromkeys(CLOCKS_EVENT_REASON_NAMES, 0)
-        self.quiesce: dict[str, Any] | None = None
         self.energy_joules = 0.0
         self.energy_seconds = 0.0
 
     def add_energy(self, joules: float, seconds: float) -> None:
-        """Energy used between two readings of the counter while load was running (the daemon
+        """Energy used between two readings of the counter while load was running (the router
         differences the counter; a reset or a paused interval contributes nothing)."""
         self.energy_joules += joules
         self.energy_seconds += seconds
@@ -162,46 +171,42 @@ class SampleWindow:
                 if active:
                     self.reason_active[r] += 1
 
-    def summary(self, completion_tokens: int, duration_seconds: float | None = None) -> dict[str, Any]:
+    def _stat(self, cls: type, key: str) -> object | None:
+        agg = self.aggs.get(key)
+        return None if agg is None else cls(**agg.summary(*cls.model_fields))
+
+    def device(self, completion_tokens: int, duration_seconds: float | None = None) -> DeviceSummary:
         """``duration_seconds``: the window's load time, over which ``completion_tokens`` were
         produced. The energy readings cover a slightly different span (from the last reading
         before the window to the last one in it: a late or missed reading moves up to a sampling
         interval of energy between windows), so energy per token is the mean power over the
         readings' span times the window's load time, per token."""
-        a = self.aggs
-        device: dict[str, Any] = {}
-        if "power_watts" in a:
-            device["power_watts"] = a["power_watts"].summary("mean", "max", "min", "stdev", "count")
+        d = DeviceSummary(
+            power_watts=self._stat(PowerStat, "power_watts"),
+            temperature_celsius=self._stat(MeanMax, "temperature_celsius"),
+            memory_temperature_celsius=self._stat(MeanMax, "memory_temperature_celsius"),
+            sm_clock_hertz=self._stat(ClockStat, "sm_clock_hertz"),
+            sm_clock_max_hertz=self.aggs["sm_clock_max_hertz"].hi if "sm_clock_max_hertz" in self.aggs else None,
+            utilization_ratio=self._stat(MeanMax, "utilization_ratio"),
+            memory_used_bytes=self._stat(MemoryStat, "memory_used_bytes"),
+            target_gpu_memory_bytes=self._stat(MemoryStat, "target_gpu_memory_bytes"),
+        )
         if self.energy_seconds > 0:
-            device["energy_joules"] = self.energy_joules
-            device["energy_seconds"] = self.energy_seconds
+            d.energy_joules = self.energy_joules
+            d.energy_seconds = self.energy_seconds
             joules = self.energy_joules
             if duration_seconds is not None and duration_seconds > 0:
                 joules = self.energy_joules / self.energy_seconds * duration_seconds
-            device["energy_per_output_token_joules"] = (
-                joules / completion_tokens if completion_tokens else None)
-        for key in ("temperature_celsius", "memory_temperature_celsius"):
-            if key in a:
-                device[key] = a[key].summary("mean", "max")
-        if "sm_clock_hertz" in a:
-            device["sm_clock_hertz"] = a["sm_clock_hertz"].summary("mean", "min", "max")
-        if "sm_clock_max_hertz" in a:
-            device["sm_clock_max_hertz"] = a["sm_clock_max_hertz"].hi
-        if "utilization_ratio" in a:
-            device["utilization_ratio"] = a["utilization_ratio"].summary("mean", "max")
+            d.energy_per_output_token_joules = joules / completion_tokens if completion_tokens else None
         if self.reason_samples:
-            device["throttle_share"] = {r: c / self.reason_samples for r, c in self.reason_active.items()}
-        for key in ("memory_used_bytes", "target_gpu_memory_bytes"):
-            if key in a:
-                device[key] = a[key].summary("min", "max", "mean", "first", "last", "slope_per_hour")
-        server: dict[str, Any] = {}
-        if "kv_cache_usage_ratio" in a:
-            server["kv_cache_usage_ratio"] = a["kv_cache_usage_ratio"].summary("mean", "max", "min")
-        for key in ("requests_waiting", "requests_running"):
-            if key in a:
-                server[key] = a[key].summary("mean", "max")
-        host: dict[str, Any] = {}
-        for key in ("target_rss_bytes", "self_rss_bytes"):
-            if key in a:
-                host[key] = a[key].summary("min", "max", "mean", "first", "last")
-        return {"device": device, "server": server, "host": host, "quiesce": self.quiesce}
+            d.throttle_share = {r: c / self.reason_samples for r, c in self.reason_active.items()}
+        return d
+
+    def server(self) -> ServerSummary:
+        return ServerSummary(kv_cache_usage_ratio=self._stat(RangeStat, "kv_cache_usage_ratio"),
+                             requests_waiting=self._stat(MeanMax, "requests_waiting"),
+                             requests_running=self._stat(MeanMax, "requests_running"))
+
+    def host(self) -> HostSummary:
+        return HostSummary(target_rss_bytes=self._stat(HostMemoryStat, "target_rss_bytes"),
+                           self_rss_bytes=self._stat(HostMemoryStat, "self_rss_bytes"))

@@ -12,7 +12,7 @@ from pydantic import (
     model_validator,
 )
 
-from soakd.durations import Duration
+from soakd.core.durations import Duration
 
 __all__ = ["SimConfig", "SimDeviceConfig", "SimFaults"]
 

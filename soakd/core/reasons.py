@@ -30,6 +30,11 @@ CLOCKS_EVENT_REASONS: tuple[tuple[str, int], ...] = (
 
 CLOCKS_EVENT_REASON_NAMES: tuple[str, ...] = tuple(name for name, _ in CLOCKS_EVENT_REASONS)
 
+# The reasons that cost performance (not idle, application clocks, sync boost or display clock).
+PERFORMANCE_REASONS: tuple[str, ...] = ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
+THERMAL_REASONS = frozenset({"sw_thermal", "hw_thermal", "hw_slowdown"})  # hw_slowdown: thermal or power
+POWER_REASONS = frozenset({"sw_power_cap", "hw_power_brake", "hw_slowdown"})
+
 
 def decode_clocks_event_reasons(mask: int | float) -> dict[str, bool]:
     """Every known reason -> whether its bit is set in ``mask`` (unknown bits are ignored).

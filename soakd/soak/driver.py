@@ -10,11 +10,11 @@ import asyncio
 
 import structlog
 
-from soakd.analysis.window import Timeline
 from soakd.client.openai import OpenAIClient
-from soakd.client.records import Outcome, RequestRecord
 from soakd.config import LoadConfig
-from soakd.recorder import Recorder
+from soakd.core.records import Outcome, RequestRecord
+from soakd.core.timeline import SYSTEM_CLOCK, Clock, Timeline
+from soakd.soak.recorder import Recorder
 from soakd.workload.arrivals import arrivals
 from soakd.workload.workload import PlannedRequest, Workload
 
@@ -33,6 +33,7 @@ class LoadDriver:
         timeline: Timeline,
         max_requests: int | None = None,
         seed: int = 0,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.load = load
         self.client = client
@@ -41,6 +42,7 @@ class LoadDriver:
         self.timeline = timeline
         self.max_requests = max_requests
         self.seed = seed
+        self.clock = clock
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
         self.issued = 0
@@ -68,8 +70,14 @@ class LoadDriver:
         self._running.clear()
 
     def resume(self) -> None:
-        self._resumed_at = asyncio.get_running_loop().time()
+        self._resumed_at = self.clock.monotonic()
         self._running.set()
+
+    def cancel_all(self) -> None:
+        """Cancel every request in flight at once (a second stop signal); each is recorded as
+        cancelled."""
+        for task in list(self._tasks):
+            task.cancel()
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until nothing is in flight (True) or the timeout passes (False)."""
@@ -101,7 +109,7 @@ class LoadDriver:
         rec.warmup = window < 0
         rec.expected_prompt_tokens = planned.expected_prompt_tokens
         rec.max_tokens = planned.max_tokens
-        self.recorder.started(rec, asyncio.get_running_loop().time())
+        self.recorder.started(rec)
         try:
             await self.client.execute(rec, planned.body, sc.structure_check)
         finally:
@@ -131,14 +139,14 @@ class LoadDriver:
 
     # ---- loops
     async def _worker(self) -> None:
-        loop = asyncio.get_running_loop()
         tl = self.timeline
+        clock = self.clock
         backoff = 0.0
         while not self._stop.is_set():
             if not self._running.is_set():
                 await self._wait_running()
                 continue
-            now = loop.time()
+            now = clock.monotonic()
             if now >= tl.end:
                 self.stop("duration")
                 break
@@ -166,7 +174,7 @@ class LoadDriver:
                 if t >= tl.end:
                     self.stop("duration")
                     break
-                delay = t - loop.time()
+                delay = t - self.clock.monotonic()
                 if delay > 0:
                     await asyncio.wait((stop_wait,), timeout=delay)
                 if self._stop.is_set():
@@ -188,7 +196,7 @@ class LoadDriver:
                         break
                 else:
                     await slots.acquire()
-                now = loop.time()
+                now = self.clock.monotonic()
                 if now - t > LATE_THRESHOLD:
                     late.inc(())
                 task = loop.create_task(self._unit_released(tl.window_at(now), slots))
@@ -221,8 +229,7 @@ class LoadDriver:
         await self.drain(grace)
 
     async def _stop_at_end(self) -> None:
-        loop = asyncio.get_running_loop()
-        await asyncio.sleep(max(0.0, self.timeline.end - loop.time()))
+        await asyncio.sleep(max(0.0, self.timeline.end - self.clock.monotonic()))
         self.stop("duration")
 
     async def drain(self, grace: float) -> None:

@@ -13,41 +13,17 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
-from pydantic import BaseModel, ConfigDict, Field
 
-from soakd.client.records import Outcome, RequestRecord
-from soakd.durations import Duration
-
-if TYPE_CHECKING:
-    from soakd.client.openai import OpenAIClient
+from soakd.analysis.engine import Analyzer
+from soakd.client.openai import OpenAIClient
+from soakd.config.analysis import CanaryConfig
+from soakd.core.records import Outcome, RequestRecord
+from soakd.soak.events import EventLog
 
 log = structlog.get_logger("soakd.canary")
-
-DEFAULT_PROMPT = (
-    "List the first twelve prime numbers, separated by commas, and then name the planet "
-    "closest to the sun."
-)
-
-
-class CanaryConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: bool = Field(True, description="Send the canary and compare its output across the run.")
-    interval: Duration = Field(
-        300.0, gt=0, description="How often under load, when not tied to the quiesce probes."
-    )
-    with_quiesce: bool = Field(
-        True,
-        description="Send it during quiesce probes (idle server: batch of one, reproducible). "
-        "When quiesce probes are off it runs on its interval under load.",
-    )
-    prompt: str = Field(DEFAULT_PROMPT, min_length=1, description="The fixed prompt.")
-    max_tokens: int = Field(32, ge=1, le=4096)
-    seed: int = Field(1234, description="Sent as the request seed (servers that honour it).")
-    endpoint: str = Field("chat", pattern="^(chat|completions)$")
 
 
 @dataclass
@@ -59,7 +35,7 @@ class CanaryResult:
     text: str
     error: str = ""
     idle: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    t_unix: float = field(default_factory=time.time)
 
 
 def digest(text: str) -> str:
@@ -67,13 +43,12 @@ def digest(text: str) -> str:
 
 
 class Canary:
-    def __init__(self, config: CanaryConfig, client: "OpenAIClient", model: str,
+    def __init__(self, config: CanaryConfig, client: OpenAIClient, model: str,
                  reference: str | None = None) -> None:
         self.config = config
         self.client = client
         self.model = model
         self.reference = reference  # restored from the store on resume
-        self.reference_text = ""
         self.checks = 0
         self.mismatches = 0
         self.errors = 0
@@ -101,7 +76,6 @@ class Canary:
         d = digest(rec.text)
         if self.reference is None:
             self.reference = d
-            self.reference_text = rec.text
             log.info("canary_reference", digest=d, idle=idle, text=rec.text[:200])
             res = CanaryResult(True, None, d, d, rec.text, idle=idle)
         else:
@@ -119,6 +93,34 @@ class Canary:
             "mismatches": self.mismatches,
             "errors": self.errors,
             "last": None if self.last is None else {
-                "t": time.time(), "match": self.last.match, "digest": self.last.digest, "error": self.last.error or None,
+                "t": self.last.t_unix, "match": self.last.match, "digest": self.last.digest, "error": self.last.error or None,
             },
         }
+
+
+class CanaryRunner:
+    """Runs the canary (inside a quiesce probe, or on its own interval under load) and hands
+    each result to the analysis; the first output becomes the run's stored reference."""
+
+    def __init__(self, canary: Canary, analyzer: Analyzer, events: EventLog) -> None:
+        self.canary = canary
+        self.analyzer = analyzer
+        self.events = events
+
+    async def check(self, idle: bool, window: int | None) -> None:
+        had_reference = self.canary.reference is not None
+        res = await self.canary.check(idle=idle)
+        if res.ok and not had_reference and res.digest:
+            self.events.emit("canary_reference", "info", f"canary reference output {res.digest}",
+                             {"digest": res.digest, "text": res.text[:500], "idle": idle}, window)
+        elif not res.ok:
+            log.warning("canary_failed", error=res.error, idle=idle)
+        self.analyzer.add_canary(res, window)
+
+    async def under_load(self, window: int) -> None:
+        """The interval job (when not tied to quiesce probes)."""
+        await self.check(idle=False, window=window)
+        await self.events.flush()
+
+    def status(self) -> dict[str, Any]:
+        return self.canary.status()

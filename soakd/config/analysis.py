@@ -1,0 +1,261 @@
+"""Configuration of the analysis (``analysis:``): drift, leaks, throttling, diagnosis, quiesce
+probes, the canary and the verdict. Models only: the analysis itself lives in ``soakd.analysis``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from soakd.core.durations import Duration
+from soakd.core.reasons import CLOCKS_EVENT_REASON_NAMES, PERFORMANCE_REASONS
+from soakd.core.tracked import DEFAULT_METRICS, METRICS
+from soakd.core.units import GIB, Bytes
+
+__all__ = [
+    "DEFAULT_CANARY_PROMPT",
+    "AnalysisConfig",
+    "CanaryConfig",
+    "DiagnosisConfig",
+    "DriftConfig",
+    "LeakConfig",
+    "QuiesceConfig",
+    "ThrottleConfig",
+    "VerdictConfig",
+]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+DEFAULT_CANARY_PROMPT = (
+    "List the first twelve prime numbers, separated by commas, and then name the planet "
+    "closest to the sun."
+)
+
+
+class DriftConfig(_Model):
+    """Drift detection (``analysis.drift``)."""
+
+    threshold: float = Field(
+        0.05,
+        gt=0,
+        lt=1,
+        description="Relative change (0.05 = 5%) against the baseline or previous window beyond which a "
+        "metric has drifted, when the change is also statistically significant.",
+    )
+    error_rate_threshold: float = Field(
+        0.01,
+        gt=0,
+        lt=1,
+        description="error_rate is compared in absolute terms: the difference of the two error ratios "
+        "(0.01 = one percentage point) beyond which it has drifted.",
+    )
+    per_metric: dict[str, float] = Field(
+        default_factory=dict,
+        description="Per-metric thresholds overriding threshold (and error_rate_threshold), e.g. "
+        "{e2e_p95: 0.08}. Keys are metric names.",
+    )
+    confidence: float = Field(
+        0.95,
+        gt=0.5,
+        lt=1,
+        description="Confidence of the intervals: a drift is flagged only when the whole interval of the "
+        "change lies beyond the threshold. Also pass it to quantile_ci at window close.",
+    )
+    min_requests: int = Field(
+        50,
+        ge=1,
+        description="A window (or reference) with fewer samples of a metric than this is 'insufficient', "
+        "never flagged. 50 keeps the Poisson, Wilson and order-statistic approximations sound; "
+        "quantiles need more (p95 needs 110 at 95%) and are insufficient below that anyway.",
+    )
+    metrics: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_METRICS),
+        description="Tracked metrics: e2e/ttft/itl _p50/_p95/_p99, output_tokens_per_second, "
+        "requests_per_second, error_rate, energy_per_token.",
+    )
+
+    @field_validator("metrics")
+    @classmethod
+    def _known_metrics(cls, v: list[str]) -> list[str]:
+        bad = [m for m in v if m not in METRICS]
+        if bad:
+            raise ValueError(f"unknown metric(s) {bad}; known: {sorted(METRICS)}")
+        if len(set(v)) != len(v):
+            raise ValueError("metrics are listed more than once")
+        return v
+
+    @field_validator("per_metric")
+    @classmethod
+    def _known_overrides(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = [m for m in v if m not in METRICS]
+        if bad:
+            raise ValueError(f"unknown metric(s) {bad}; known: {sorted(METRICS)}")
+        for m, t in v.items():
+            if not 0 < t < 1:
+                raise ValueError(f"threshold for {m} must be in (0, 1), got {t}")
+        return v
+
+    @model_validator(mode="after")
+    def _non_empty(self) -> DriftConfig:
+        if not self.metrics:
+            raise ValueError("metrics must name at least one metric")
+        return self
+
+    def threshold_for(self, metric: str) -> float:
+        if metric in self.per_metric:
+            return self.per_metric[metric]
+        return self.error_rate_threshold if metric == "error_rate" else self.threshold
+
+
+class LeakConfig(_Model):
+    """Leak detection (``analysis.leak``)."""
+
+    min_windows: int = Field(
+        6,
+        ge=3,
+        description="Windows needed before a trend is judged; fewer is 'insufficient'. 6 is the smallest "
+        "count for which Sen's 95% interval has finite bounds (at 30-minute windows: 3 hours).",
+    )
+    horizon_hours: float = Field(
+        24.0,
+        gt=0,
+        description="Projection horizon: growth per hour x horizon beyond the source's budget (with "
+        "significant growth) makes a leak suspected.",
+    )
+    device_memory_budget_bytes: Bytes = Field(
+        1 * GIB, gt=0, description="Device memory growth tolerated over the horizon (e.g. 1GiB)."
+    )
+    target_gpu_memory_budget_bytes: Bytes = Field(
+        1 * GIB, gt=0, description="Growth of the target process's GPU memory tolerated over the horizon."
+    )
+    target_rss_budget_bytes: Bytes = Field(
+        1 * GIB, gt=0, description="Growth of the target's host RSS tolerated over the horizon."
+    )
+    kv_cache_budget_ratio: float = Field(
+        0.1,
+        gt=0,
+        le=1,
+        description="Growth of the mean KV-cache usage ratio (at comparable load) tolerated over the "
+        "horizon (0.1 = 10 points).",
+    )
+    kv_residue_budget_ratio: float = Field(
+        0.05,
+        gt=0,
+        le=1,
+        description="Idle KV-cache residue (idle usage minus the first idle value) tolerated at the last "
+        "quiesce probe, when it grows significantly from probe to probe.",
+    )
+    confidence: float = Field(0.95, gt=0.5, lt=1, description="Confidence of Sen's slope interval.")
+
+    def budget_for(self, source: str) -> float:
+        return {
+            "device_memory": self.device_memory_budget_bytes,
+            "target_gpu_memory": self.target_gpu_memory_budget_bytes,
+            "target_rss": self.target_rss_budget_bytes,
+            "kv_cache": self.kv_cache_budget_ratio,
+            "kv_residue": self.kv_residue_budget_ratio,
+        }[source]
+
+
+class ThrottleConfig(_Model):
+    """Throttle detection (``analysis.throttle``)."""
+
+    max_share: float = Field(
+        0.1,
+        ge=0,
+        lt=1,
+        description="A reason active in more than this share of a window's device samples is throttling.",
+    )
+    reasons: list[str] = Field(
+        default_factory=lambda: list(PERFORMANCE_REASONS),
+        description="Clocks-event reasons that count as throttling (default: sw_power_cap, hw_slowdown, "
+        "sw_thermal, hw_thermal, hw_power_brake).",
+    )
+
+    @field_validator("reasons")
+    @classmethod
+    def _known(cls, v: list[str]) -> list[str]:
+        bad = [r for r in v if r not in CLOCKS_EVENT_REASON_NAMES]
+        if bad:
+            raise ValueError(f"unknown clocks-event reason(s) {bad}; known: {list(CLOCKS_EVENT_REASON_NAMES)}")
+        return v
+
+
+class DiagnosisConfig(_Model):
+    """Diagnosis rules (``analysis.diagnosis``)."""
+
+    long_scenario: str = Field(
+        "long_context", description="Scenario compared with short_scenario for bandwidth or cache pressure."
+    )
+    short_scenario: str = Field("short_chat", description="The latency-sensitive reference scenario.")
+    timeout_share: float = Field(
+        0.01, ge=0, lt=1, description="Timeouts above this share of a window's requests (target up) are overload."
+    )
+    error_share: float = Field(
+        0.01, ge=0, lt=1, description="HTTP and connection errors above this share (target up) are server errors."
+    )
+    invalid_share_critical: float = Field(
+        0.01,
+        ge=0,
+        lt=1,
+        description="Invalid responses above this share make garbled output critical (any is a warning).",
+    )
+
+
+class CanaryConfig(_Model):
+    enabled: bool = Field(True, description="Send the canary and compare its output across the run.")
+    interval: Duration = Field(
+        300.0, gt=0, description="How often under load, when not tied to the quiesce probes."
+    )
+    with_quiesce: bool = Field(
+        True,
+        description="Send it during quiesce probes (idle server: batch of one, reproducible). "
+        "When quiesce probes are off it runs on its interval under load.",
+    )
+    prompt: str = Field(DEFAULT_CANARY_PROMPT, min_length=1, description="The fixed prompt.")
+    max_tokens: int = Field(32, ge=1, le=4096)
+    seed: int = Field(1234, description="Sent as the request seed (servers that honour it).")
+    endpoint: str = Field("chat", pattern="^(chat|completions)$")
+
+
+class QuiesceConfig(_Model):
+    enabled: bool = Field(
+        True,
+        description="Quiesce probes: stop sending, let in-flight requests drain, sample KV-cache usage and device "
+        "memory at idle, then resume. Probe time is excluded from load statistics.",
+    )
+    interval: Duration | None = Field(
+        None, gt=0, description="Time between probes; null = once per window (at its middle)."
+    )
+    drain_timeout: Duration = Field(60.0, gt=0, description="Longest wait for in-flight requests to finish.")
+    settle: Duration = Field(
+        2.0, ge=0, description="Idle time before the idle sample (lets the server free blocks and update gauges)."
+    )
+
+
+class VerdictConfig(_Model):
+    fail_on: list[Literal["drift", "leak", "throttle", "errors", "canary", "target"]] = Field(
+        default_factory=lambda: ["drift", "leak", "throttle", "errors", "canary"],
+        description="Finding kinds that fail the run (exit code 1).",
+    )
+    error_budget: float = Field(
+        0.01, ge=0, le=1, description="Run-wide share of failed measured requests allowed before 'errors' fails it."
+    )
+
+
+class AnalysisConfig(_Model):
+    drift: DriftConfig = Field(default_factory=DriftConfig)
+    leak: LeakConfig = Field(default_factory=LeakConfig)
+    throttle: ThrottleConfig = Field(default_factory=ThrottleConfig)
+    diagnosis: DiagnosisConfig = Field(default_factory=DiagnosisConfig)
+    quiesce: QuiesceConfig = Field(default_factory=QuiesceConfig)
+    canary: CanaryConfig = Field(default_factory=CanaryConfig)
+    verdict: VerdictConfig = Field(default_factory=VerdictConfig)
+    baseline: Path | None = Field(
+        None, description="An earlier run's JSON report (or its windows) to use as the baseline instead of the "
+        "first full window of this run."
+    )

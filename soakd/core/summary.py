@@ -1,0 +1,214 @@
+"""The window summary: what every detector, the store, the report and the CLI consume.
+
+Built in one place (``soakd.analysis.window.OpenWindow.summary``), read by attribute everywhere,
+dumped once (``dump()``: JSON-ready, the same document for SQLite, the ``window_closed`` log line
+and the JSON report) and loaded from any of them with ``WindowSummary.load``. The field names
+are those of the JSON documents soakd has always written, so state dirs and reports of earlier
+releases load as they are (unknown keys are ignored, missing ones take their defaults).
+
+Latency statistics (:class:`Quantiles`) come from the window's quantile sketches with their
+distribution-free confidence intervals; device, server and host statistics (the ``*Stat``
+models) are aggregates of the samples taken while load ran. A device, server or host quantity
+that was not sampled is ``None`` and left out of the dump.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
+
+CI = tuple[float, float]
+
+__all__ = [
+    "CI",
+    "ClockStat",
+    "DeviceSummary",
+    "HostMemoryStat",
+    "HostSummary",
+    "MeanMax",
+    "MemoryStat",
+    "PowerStat",
+    "Quantiles",
+    "QuiesceProbe",
+    "RangeStat",
+    "ScenarioSummary",
+    "ServerSummary",
+    "WindowSummary",
+]
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=False)
+
+
+class _Sparse(_Part):
+    """Dumped without the quantities that were not sampled."""
+
+    @model_serializer(mode="wrap")
+    def _drop_none(self, handler: Any) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class Quantiles(_Part):
+    """A latency distribution of a window: quantiles (seconds), their intervals, mean and count."""
+
+    p50: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    mean: float | None = None
+    count: int = 0
+    p50_ci: CI | None = None
+    p95_ci: CI | None = None
+    p99_ci: CI | None = None
+
+    def get(self, q: str) -> float | None:
+        return getattr(self, q)
+
+    def ci(self, q: str) -> CI | None:
+        return getattr(self, f"{q}_ci")
+
+
+class PowerStat(_Part):
+    mean: float | None = None
+    max: float | None = None
+    min: float | None = None
+    stdev: float | None = None
+    count: int = 0
+
+
+class MeanMax(_Part):
+    mean: float | None = None
+    max: float | None = None
+
+
+class ClockStat(_Part):
+    mean: float | None = None
+    min: float | None = None
+    max: float | None = None
+
+
+class RangeStat(_Part):
+    mean: float | None = None
+    max: float | None = None
+    min: float | None = None
+
+
+class MemoryStat(_Part):
+    """A memory-like quantity over the window: its floor (min) is what leak detection compares."""
+
+    min: float | None = None
+    max: float | None = None
+    mean: float | None = None
+    first: float | None = None
+    last: float | None = None
+    slope_per_hour: float | None = None
+
+
+class HostMemoryStat(_Part):
+    min: float | None = None
+    max: float | None = None
+    mean: float | None = None
+    first: float | None = None
+    last: float | None = None
+
+
+class DeviceSummary(_Sparse):
+    """GPU telemetry of the window, reduced across GPUs (memory, power, energy summed; the hottest
+    temperature; the mean SM clock; a clocks-event reason active when any GPU reports it)."""
+
+    power_watts: PowerStat | None = None
+    energy_joules: float | None = None
+    energy_seconds: float | None = None
+    energy_per_output_token_joules: float | None = None
+    temperature_celsius: MeanMax | None = None
+    memory_temperature_celsius: MeanMax | None = None
+    sm_clock_hertz: ClockStat | None = None
+    sm_clock_max_hertz: float | None = None
+    utilization_ratio: MeanMax | None = None
+    throttle_share: dict[str, float] | None = None
+    memory_used_bytes: MemoryStat | None = None
+    target_gpu_memory_bytes: MemoryStat | None = None
+
+
+class ServerSummary(_Sparse):
+    kv_cache_usage_ratio: RangeStat | None = None
+    requests_waiting: MeanMax | None = None
+    requests_running: MeanMax | None = None
+
+
+class HostSummary(_Sparse):
+    target_rss_bytes: HostMemoryStat | None = None
+    self_rss_bytes: HostMemoryStat | None = None
+
+
+class QuiesceProbe(_Part):
+    """Load paused, in-flight requests drained: KV-cache usage and device memory at idle."""
+
+    t_unix: float
+    window: int
+    drained: bool = False
+    kv_cache_usage_ratio: float | None = None
+    memory_used_bytes: float | None = None
+    seconds: float | None = None
+
+
+class ScenarioSummary(_Part):
+    requests: int = 0
+    outcomes: dict[str, int] = Field(default_factory=dict)
+    error_rate: float | None = None
+    e2e_seconds: Quantiles = Field(default_factory=Quantiles)
+    ttft_seconds: Quantiles = Field(default_factory=Quantiles)
+    itl_seconds: Quantiles = Field(default_factory=Quantiles)
+    requests_per_second: float = 0.0
+    output_tokens_per_second: float = 0.0
+    completion_tokens: int = 0
+    completion_tokens_sumsq: float | None = 0.0
+
+
+class WindowSummary(_Part):
+    """One closed window: requests (overall and per scenario) and the telemetry sampled in it.
+
+    ``duration_seconds`` is the load time (wall time minus quiesce probes), the denominator of
+    every rate; ``partial`` marks the window cut short by the end of the run (reported, not
+    judged)."""
+
+    window: int
+    segment: int = 0
+    start_unix: float | None = None
+    duration_seconds: float = 0.0
+    wall_duration_seconds: float | None = None
+    paused_seconds: float = 0.0
+    target_down_seconds: float = 0.0
+    partial: bool = False
+    requests: int = 0
+    outcomes: dict[str, int] = Field(default_factory=dict)
+    error_rate: float | None = None
+    mix: dict[str, float] = Field(default_factory=dict)
+    e2e_seconds: Quantiles = Field(default_factory=Quantiles)
+    ttft_seconds: Quantiles = Field(default_factory=Quantiles)
+    itl_seconds: Quantiles = Field(default_factory=Quantiles)
+    requests_per_second: float = 0.0
+    output_tokens_per_second: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    completion_tokens_sumsq: float | None = 0.0  # the sum of squared per-request token counts (rate CIs)
+    late_records: int = 0
+    scenarios: dict[str, ScenarioSummary] = Field(default_factory=dict)
+    device: DeviceSummary = Field(default_factory=DeviceSummary)
+    server: ServerSummary = Field(default_factory=ServerSummary)
+    host: HostSummary = Field(default_factory=HostSummary)
+    quiesce: QuiesceProbe | None = None
+
+    @classmethod
+    def load(cls, data: Any) -> WindowSummary:
+        """From a stored or reported document (a dict, or a summary already)."""
+        return data if isinstance(data, cls) else cls.model_validate(data)
+
+    def dump(self) -> dict[str, Any]:
+        """The JSON document (lists for intervals; NaN and infinities are the store's to clean)."""
+        return self.model_dump(mode="json")
+
+    @property
+    def ok(self) -> int:
+        return int(self.outcomes.get("ok", 0))

@@ -1,0 +1,62 @@
+"""The quantities soakd tracks per window (drift, stability, the report's charts): names,
+how each is read from a window summary, which way is worse, a label for people.
+
+Pure data: the configuration validates metric names against it, the analysis reads windows
+with it, the report labels its tables with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["quantile", "requests_rate", "tokens_rate", "error_rate", "energy"]
+
+
+@dataclass(frozen=True)
+class TrackedMetric:
+    name: str
+    kind: Kind
+    higher_is_worse: bool
+    field: str | None = None  # the window summary's latency field, e.g. "e2e_seconds"
+    q: str | None = None  # the quantile, e.g. "p95"
+    unit: str = ""
+    label: str = ""  # for tables and charts, e.g. "e2e p95"
+
+    @property
+    def absolute(self) -> bool:
+        """error_rate changes are differences of ratios, not relative changes."""
+        return self.kind == "error_rate"
+
+
+def _quantiles() -> dict[str, TrackedMetric]:
+    out = {}
+    for short, fld, label in (("e2e", "e2e_seconds", "e2e"), ("ttft", "ttft_seconds", "TTFT"),
+                              ("itl", "itl_seconds", "inter-token")):
+        for q in ("p50", "p95", "p99"):
+            out[f"{short}_{q}"] = TrackedMetric(f"{short}_{q}", "quantile", True, fld, q, "seconds", f"{label} {q}")
+    return out
+
+
+METRICS: dict[str, TrackedMetric] = {
+    **_quantiles(),
+    "output_tokens_per_second": TrackedMetric("output_tokens_per_second", "tokens_rate", False, unit="tokens/s",
+                                              label="output tokens/s"),
+    "requests_per_second": TrackedMetric("requests_per_second", "requests_rate", False, unit="requests/s",
+                                         label="requests/s"),
+    "error_rate": TrackedMetric("error_rate", "error_rate", True, unit="ratio", label="error rate"),
+    "energy_per_token": TrackedMetric("energy_per_token", "energy", True, unit="J/token", label="J/token"),
+}
+
+DEFAULT_METRICS: tuple[str, ...] = (
+    "e2e_p50",
+    "e2e_p95",
+    "ttft_p50",
+    "ttft_p95",
+    "itl_p50",
+    "itl_p95",
+    "output_tokens_per_second",
+    "requests_per_second",
+    "error_rate",
+    "energy_per_token",
+)

@@ -1,0 +1,65 @@
+"""The terminal summary printed at the end of ``soakd run`` and ``soakd demo``: rendered from the
+run's report (itself built from the store), like every other summary of a run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.0f}"
+
+
+def format_summary(report: dict[str, Any], prompt_length_accuracy: dict[str, float] | None = None) -> str:
+    """A few lines per window, the findings, the verdict. ``prompt_length_accuracy`` is this
+    process's measurement (not stored), shown when given."""
+    run = report.get("run") or {}
+    lines = ["", f"soakd summary — run {run.get('id')} against {run.get('target')} "
+             f"(model {run.get('model')}), ended: {run.get('stop_reason')}"]
+    windows = report.get("windows") or []
+    if windows:
+        lines.append("")
+        lines.append(" window   reqs   req/s   tok/s  e2e p50/p95 ms  ttft p50/p95 ms  itl p95 ms  errors")
+        for w in windows:
+            e, t, i = w["e2e_seconds"], w["ttft_seconds"], w["itl_seconds"]
+            err = w["error_rate"]
+            lines.append(
+                f" {w['window']:>5}{'*' if w['partial'] else ' '} {w['requests']:>6} {w['requests_per_second']:>7.1f} "
+                f"{w['output_tokens_per_second']:>7.0f}  {_ms(e['p50']):>6}/{_ms(e['p95']):<7} "
+                f"{_ms(t['p50']):>7}/{_ms(t['p95']):<8} {_ms(i['p95']):>10}  "
+                f"{'-' if err is None else f'{err:.2%}'}"
+            )
+        if any(w["partial"] for w in windows):
+            lines.append(" (* partial window)")
+    outcomes: dict[str, int] = {}
+    for w in windows:
+        for k, v in (w.get("outcomes") or {}).items():
+            outcomes[k] = outcomes.get(k, 0) + int(v or 0)
+    late = sum(int(w.get("late_records") or 0) for w in windows)
+    lines.append("")
+    lines.append(f" requests measured: {sum(outcomes.values()) + late}   outcomes: "
+                 + ", ".join(f"{k}={v}" for k, v in outcomes.items() if v)
+                 + (f", finished after their window closed={late}" if late else ""))
+    findings = [ev for items in (report.get("findings") or {}).values() for ev in items if ev.get("diagnosis")]
+    if findings:
+        lines.append("")
+        lines.append(f" findings ({len(findings)}):")
+        for f in findings[-10:]:
+            lines.append(f"  - [{f.get('severity')}] {f.get('kind')}: {f.get('diagnosis')} — "
+                         f"{str(f.get('detail') or f.get('message'))[:150]}")
+    verdict = report.get("verdict")
+    if verdict:
+        stab = verdict.get("stability") or {}
+        unstable = [m for m, v in stab.items() if v.get("stable") is False]
+        lines.append("")
+        lines.append(f" verdict: {verdict.get('result')}" + (
+            "" if verdict.get("passed") else " — " + "; ".join(verdict.get("reasons") or [])))
+        if stab:
+            lines.append(" stability ((max-min)/median over full windows, method's 5%): "
+                         + ("all tracked quantities within" if not unstable else "outside for " + ", ".join(unstable)))
+    acc = prompt_length_accuracy
+    if acc:
+        lines.append(f" prompt length vs target (server usage): median {acc['median']:+.1%}, "
+                     f"p05 {acc['p05']:+.1%}, p95 {acc['p95']:+.1%} over {acc['samples']} requests")
+    lines.append("")
+    return "\n".join(lines)

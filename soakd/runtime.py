@@ -1,0 +1,358 @@
+"""The composition root of a soak: builds the parts, owns their start and stop order, the stop
+signals and the scheduler — nothing else.
+
+Start: the run store (resume or a new run) → /metrics, /healthz, /readyz, /status → the
+scheduler with one job per sampler → the target answers (the model) → the run's segment → the
+timeline, windows, recorder and load driver → the load jobs (tick, summary line, progress line,
+checkpoint, quiesce probes, canary) → load until the duration, ``max_requests`` or a stop
+signal. Stop: drain in-flight requests (``run.grace``) → close the last windows through the
+pipeline → the verdict into the store → the reports → samplers, client, web server, store.
+
+One request's path: ``driver`` → ``client`` (fills a ``RequestRecord``) → ``recorder``
+(metrics; its window in ``windows``) → at the window's end the tick closes it →
+``pipeline`` (store → analysis → events → log) → ``soakd report`` renders it from the store.
+One sample's path: a scheduler job runs a ``SamplerRunner`` → its snapshot is on /metrics and
+goes to ``telemetry`` (its window; the store's per-minute samples at the next checkpoint).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import structlog
+from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+from soakd import __version__
+from soakd.analysis.engine import Analyzer
+from soakd.client.openai import OpenAIClient
+from soakd.config import SoakConfig
+from soakd.core.records import OUTCOMES
+from soakd.core.timeline import SYSTEM_CLOCK, Clock, Timeline
+from soakd.metrics import SoakMetrics
+from soakd.report import write_final_reports
+from soakd.samplers.base import SamplerRunner, SnapshotCollector
+from soakd.samplers.registry import build_samplers
+from soakd.soak.canary import Canary, CanaryRunner
+from soakd.soak.driver import LoadDriver
+from soakd.soak.events import EventLog
+from soakd.soak.exporter import AnalysisExporter
+from soakd.soak.pipeline import WindowPipeline
+from soakd.soak.quiesce import QuiesceProber
+from soakd.soak.recorder import Recorder, RecordListener
+from soakd.soak.session import RunSession, read_baseline
+from soakd.soak.status import Load, StatusBoard
+from soakd.soak.target import resolve_model
+from soakd.soak.telemetry import TelemetryRouter
+from soakd.soak.windows import WindowSet
+from soakd.web import Heartbeat, WebServer, build_app
+from soakd.workload.scenarios import resolve_all
+from soakd.workload.workload import Workload
+
+log = structlog.get_logger("soakd")
+
+
+class StartupError(Exception):
+    """The soak cannot start (metrics port taken, state dir not writable): exit 1 with this message."""
+
+
+@dataclass
+class RunOutcome:
+    """How a soak ended (the record itself is in the store: ``soakd report``)."""
+
+    run_id: str
+    stop_reason: str
+    verdict: dict[str, Any] | None = None
+    requests_sent: int = 0
+    requests_measured: int = 0
+    warmup_requests: int = 0
+    windows: int = 0
+    resumed: bool = False
+    prompt_length_accuracy: dict[str, float] | None = None
+    outcomes: dict[str, int] = field(default_factory=dict)  # of the measured requests
+
+    @property
+    def graceful_stop(self) -> bool:
+        return self.stop_reason in ("SIGTERM", "SIGINT")
+
+
+class Runtime:
+    def __init__(self, config: SoakConfig, *, progress: bool | None = None, nvml_module: Any = None,
+                 new_run: bool = False, clock: Clock = SYSTEM_CLOCK,
+                 record_listeners: tuple[RecordListener, ...] = ()) -> None:
+        self.config = config
+        self.clock = clock
+        self.policies = config.policies()
+        self.record_listeners = record_listeners
+        self.api_key = config.api_key()  # ConfigError when configured but missing
+        baseline = (read_baseline(config.analysis.baseline, config.analysis.drift.min_requests)
+                    if config.analysis.baseline is not None else None)
+        self.scenarios = resolve_all(config)
+        self.metrics = SoakMetrics(tuple(self.scenarios), __version__)
+        self.session = RunSession(config, new_run=new_run, clock=clock)
+        self.events = EventLog(self.session, clock)
+        self.analyzer = Analyzer(config.analysis, on_event=self.events.emit, baseline=baseline)
+        self.pipeline = WindowPipeline(self.session, self.analyzer, self.events, self.metrics)
+        self.runners = [SamplerRunner(s, interval) for s, interval in build_samplers(config, nvml_module=nvml_module)]
+        self.telemetry = TelemetryRouter(self.runners)
+        self.metrics.sources.append(SnapshotCollector(self.runners))
+        self.metrics.sources.append(AnalysisExporter(self.analyzer))
+        self.status = StatusBoard(config, session=self.session, metrics=self.metrics, runners=self.runners,
+                                  analyzer=self.analyzer, clock=clock)
+        self.heartbeat = Heartbeat()
+        self.registry = self.metrics.registry()
+        self.web = WebServer(build_app(self.registry, self.status.status, self.status.ready, self.heartbeat),
+                             config.metrics.host, config.metrics.port)
+        load = config.load
+        max_in_flight = (load.effective_concurrency * max(sc.burst_size for sc in self.scenarios.values())
+                         if load.closed_loop else load.max_in_flight)
+        self.client = OpenAIClient(config.target, self.api_key, pool_size=max_in_flight)
+        self.progress = (progress if progress is not None
+                         else (config.log.progress if config.log.progress is not None else sys.stderr.isatty()))
+        self.load: Load | None = None
+        self.quiesce: QuiesceProber | None = None
+        self.canary: CanaryRunner | None = None
+        self.stop_reason = ""
+        self._stop_requested = asyncio.Event()
+        self._signals = 0
+
+    @property
+    def run_id(self) -> str:
+        return self.session.run_id
+
+    @property
+    def timeline(self) -> Timeline | None:
+        return self.load.timeline if self.load is not None else None
+
+    # ---- stop signals
+    def request_stop(self, reason: str = "signal") -> None:
+        """First call: stop sending and drain. Second call: stop draining at once."""
+        self._signals += 1
+        if self._signals == 1:
+            log.info("stop_requested", reason=reason, grace_seconds=self.config.run.grace)
+            self.stop_reason = reason
+            self._stop_requested.set()
+            if self.load is not None:
+                self.load.driver.stop(reason)
+        elif self.load is not None:
+            log.warning("stop_now", reason="second signal: cancelling in-flight requests")
+            self.load.driver.cancel_all()
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop_requested.is_set()
+
+    # ---- the run
+    async def run(self) -> RunOutcome:
+        cfg = self.config
+        await self.session.open()
+        if self.session.resumed:
+            self.analyzer.restore(self.session.windows, self.session.baseline)
+            self.status.model = self.status.model or self.session.model
+        try:
+            await self.web.start()
+        except OSError as exc:
+            await self.session.close()
+            raise StartupError(
+                f"cannot listen on {cfg.metrics.host}:{cfg.metrics.port} for /metrics: {exc.strerror or exc}; "
+                "choose another --metrics-port (0 picks a free one)"
+            ) from None
+        self.heartbeat.start()
+        self.metrics.run_start.value = self.status.started_wall
+        log.info("soakd_started", run_id=self.run_id, version=__version__, metrics_url=self.web.url + "/metrics",
+                 resumed=self.session.resumed, state_db=self.session.path, config=cfg.redacted())
+        scheduler = self._scheduler()
+        scheduler.start()
+        try:
+            model = await resolve_model(self.client, cfg.target, self.status.model, has_key=bool(self.api_key),
+                                        stop=self._stop_requested, give_up_after=cfg.run.duration,
+                                        on_answer=self._target_answered)
+            if model is None:
+                self.status.phase = "done"
+                return self._outcome(self.stop_reason or "target_unreachable")
+            self.status.model = model
+            await self.session.start(model, self._server_kind())
+            duration_left = cfg.run.duration - self.session.elapsed_before
+            if self.session.resumed and duration_left <= 0.5:
+                log.info("run_already_complete", run_id=self.run_id, elapsed=round(self.session.elapsed_before, 1))
+                self.status.phase = "done"
+                return await self._finish("duration")
+            self._build_load(model, duration_left)
+            assert self.load is not None
+            self._add_load_jobs(scheduler)
+            await self.load.driver.run(grace=cfg.run.grace)
+            if self.quiesce is not None:  # a quiesce probe still holding the (finished) load
+                await self.quiesce.cancel()
+            self.stop_reason = self.stop_reason or self.load.driver.stop_reason
+            self.status.phase = "done"
+            now = self.clock.monotonic()
+            self.status.tick(now)
+            self.load.recorder.account_outage(now)
+            self.pipeline.submit(self.load.windows.close_due(now, final=True))
+            return await self._finish(self.stop_reason)
+        finally:
+            scheduler.shutdown(wait=False)
+            for runner in self.runners:
+                try:
+                    await runner.sampler.aclose()
+                except Exception as exc:  # noqa: BLE001
+                    log.warning("sampler_close_failed", sampler=runner.name, error=repr(exc))
+            if self.progress:
+                sys.stderr.write("\n")
+                sys.stderr.flush()
+            await self.client.close()
+            await self.heartbeat.stop()
+            await self.web.stop()
+            await self.session.close()
+
+    def _target_answered(self, up: bool) -> None:
+        if up:
+            self.status.target_seen = True
+        self.metrics.target_up.value = 1.0 if up else 0.0
+
+    def _build_load(self, model: str, duration: float) -> None:
+        cfg, clock = self.config, self.clock
+        timeline = Timeline(clock.monotonic(), cfg.run.warmup, cfg.run.window, duration,
+                            first_index=self.session.first_window)
+        windows = WindowSet(timeline, confidence=cfg.analysis.drift.confidence,
+                            patience=self.policies.close_patience, clock=clock)
+        windows.segment = self.session.segment
+        recorder = Recorder(self.metrics, windows, clock)
+        recorder.on_target_change(self.status.target_changed)
+        recorder.on_connection_dropped(self.status.connection_dropped)
+        for listener in self.record_listeners:
+            recorder.add_listener(listener)
+        recorder.set_target_up(True)
+        workload = Workload(self.scenarios, cfg.load.mix, model, cfg.run.seed)
+        driver = LoadDriver(cfg.load, self.client, workload, recorder, timeline, max_requests=cfg.run.max_requests,
+                            seed=cfg.run.seed, clock=clock)
+        self.load = self.status.load = Load(timeline, windows, recorder, driver)
+        self.telemetry.attach(windows, lambda: driver.paused)
+        if cfg.analysis.canary.enabled:
+            canary = Canary(cfg.analysis.canary, self.client, model, reference=self.session.canary_reference)
+            self.canary = self.status.canary = CanaryRunner(canary, self.analyzer, self.events)
+        if self.policies.quiesce:
+            self.quiesce = QuiesceProber(
+                cfg.analysis.quiesce, self.policies, driver=driver, timeline=timeline, windows=windows,
+                runners=self.runners, analyzer=self.analyzer, events=self.events,
+                canary=self.canary if not self.policies.canary_own_schedule else None,
+                running=lambda: self.status.phase == "running", clock=clock)
+        elif self.policies.quiesce_skipped_reason:
+            log.info("quiesce_skipped", reason=self.policies.quiesce_skipped_reason)
+        if self._stop_requested.is_set():
+            driver.stop(self.stop_reason)
+        self.status.phase = "warmup" if cfg.run.warmup > 0 else "running"
+        log.info("load_started", model=model, scenarios=list(self.scenarios),
+                 mode="closed" if cfg.load.closed_loop else "open",
+                 concurrency=cfg.load.effective_concurrency if cfg.load.closed_loop else None,
+                 rate=cfg.load.rate, duration=duration, window=cfg.run.window, warmup=cfg.run.warmup)
+
+    async def _finish(self, reason: str) -> RunOutcome:
+        """The last windows, the verdict, the end of the segment (and of the run), the reports."""
+        await self.pipeline.drain()
+        verdict = self.analyzer.verdict().to_dict()
+        if self.session.store is not None:
+            await self.session.add_samples(self.telemetry.take_pending())
+            await self.session.finish(reason, verdict)
+            # report.json/md/html into the run dir; a failure is logged, never fatal
+            await write_final_reports(self.config.run.state_dir, self.run_id)
+        out = self._outcome(reason, verdict)
+        log.info("soakd_finished", run_id=self.run_id, stop_reason=reason, requests_sent=out.requests_sent,
+                 requests_measured=out.requests_measured, warmup_requests=out.warmup_requests,
+                 outcomes={k: v for k, v in out.outcomes.items() if v}, windows=out.windows,
+                 verdict=verdict.get("result"), reasons=verdict.get("reasons"),
+                 prompt_length_accuracy=out.prompt_length_accuracy,
+                 report=str(self.config.run.state_dir / self.run_id / "report.json"))
+        return out
+
+    def _outcome(self, reason: str, verdict: dict[str, Any] | None = None) -> RunOutcome:
+        rec = self.load.recorder if self.load is not None else None
+        if rec is None:
+            log.info("soakd_finished", run_id=self.run_id, stop_reason=reason, requests_measured=0)
+        m = self.metrics
+        return RunOutcome(
+            run_id=self.run_id, stop_reason=reason, verdict=verdict, resumed=self.session.resumed,
+            requests_sent=rec.sent if rec else 0, requests_measured=rec.measured if rec else 0,
+            warmup_requests=int(sum(m.warmup_requests.values.values())), windows=len(self.analyzer.history),
+            outcomes={o: int(sum(m.requests.get(sc, o) for sc in self.scenarios)) for o in OUTCOMES},
+            prompt_length_accuracy=rec.prompt_length_accuracy() if rec else None,
+        )
+
+    def _server_kind(self) -> str | None:
+        for r in self.runners:
+            if r.name == "server":
+                kind = getattr(r.sampler, "kind", None)
+                return str(kind) if kind else None
+        return None
+
+    # ---- the scheduler
+    def _scheduler(self) -> AsyncIOScheduler:
+        """APScheduler owns the periodic jobs: one per sampler now, the load jobs once load starts."""
+        sched = AsyncIOScheduler(event_loop=asyncio.get_running_loop())
+        runners = {f"sampler:{r.name}": r for r in self.runners}
+        for job_id, runner in runners.items():
+            sched.add_job(runner.run_once, "interval", seconds=runner.interval, id=job_id, max_instances=1,
+                          coalesce=True, misfire_grace_time=max(1, int(runner.interval)),
+                          next_run_time=datetime.now(UTC))
+
+        def _listener(event: Any) -> None:
+            runner = runners.get(event.job_id)
+            if event.code in (EVENT_JOB_MISSED, EVENT_JOB_MAX_INSTANCES) and runner is not None:
+                runner.missed += 1
+                return
+            if event.code == EVENT_JOB_MAX_INSTANCES and event.job_id in ("quiesce", "canary", "tick", "progress"):
+                return  # the previous run is still going: skipping is the intended behaviour
+            kind = {EVENT_JOB_ERROR: "error", EVENT_JOB_MISSED: "missed", EVENT_JOB_MAX_INSTANCES: "max_instances"}
+            log.warning("scheduler_job_" + kind.get(event.code, "event"), job=event.job_id,
+                        error=repr(getattr(event, "exception", None)))
+
+        sched.add_listener(_listener, EVENT_JOB_ERROR | EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
+        return sched
+
+    def _add_load_jobs(self, sched: AsyncIOScheduler) -> None:
+        cfg, pol = self.config, self.policies
+
+        def job(fn: Any, seconds: float, job_id: str, grace: float, first: float | None = None) -> None:
+            start = {} if first is None else {"next_run_time": datetime.now(UTC) + timedelta(seconds=first)}
+            sched.add_job(fn, "interval", seconds=seconds, id=job_id, max_instances=1, coalesce=True,
+                          misfire_grace_time=max(1, int(grace)), **start)
+
+        job(self._tick, pol.tick_seconds, "tick", pol.tick_seconds * 2)
+        job(self.status.summary_line, cfg.log.summary_interval, "summary", cfg.log.summary_interval)
+        if self.progress:
+            job(self.status.progress_line, 1.0, "progress", 2)
+        job(self._checkpoint, 10.0, "checkpoint", 10)
+        if self.quiesce is not None:
+            job(self.quiesce.probe, pol.quiesce_interval, "quiesce", pol.quiesce_interval, pol.quiesce_first_after)
+        if self.canary is not None and pol.canary_own_schedule:
+            job(self._canary, cfg.analysis.canary.interval, "canary", cfg.analysis.canary.interval,
+                pol.canary_first_after)
+
+    async def _tick(self) -> None:
+        """Progress, the outage so far, the windows that are due: through the pipeline."""
+        ld = self.load
+        if ld is None:
+            return
+        now = self.clock.monotonic()
+        self.status.tick(now)
+        ld.recorder.account_outage(now)
+        self.pipeline.submit(ld.windows.close_due(now))
+        await self.pipeline.drain()
+
+    async def _checkpoint(self) -> None:
+        """State checkpoint: downsampled samples to the store, a sign of life, retried writes."""
+        if self.session.store is None:
+            return
+        await self.session.add_samples(self.telemetry.take_pending())
+        await self.session.heartbeat()
+
+    async def _canary(self) -> None:
+        ld = self.load
+        if self.canary is None or ld is None or ld.driver.stopping or self.status.phase != "running":
+            return
+        await self.canary.under_load(ld.timeline.window_at(self.clock.monotonic()))
+

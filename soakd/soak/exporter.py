@@ -1,0 +1,104 @@
+"""The analysis results on /metrics: a snapshot source that reads the analysis engine's state at
+scrape time (no I/O) and turns it into the catalogue's analysis families."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import Metric
+
+from soakd.analysis.drift import metric_value
+from soakd.analysis.engine import LEAK_SOURCES_BYTES, Analyzer
+from soakd.core.reasons import CLOCKS_EVENT_REASON_NAMES
+from soakd.metrics import BY_NAME
+
+FINDING_KINDS = ("drift", "leak", "throttle", "canary", "errors", "target")
+
+
+class AnalysisExporter:
+    """``soakd_drift_*``, ``soakd_window_*``, leak, throttle, quiesce, canary, findings and verdict
+    families from one :class:`~soakd.analysis.engine.Analyzer` (a ``SoakMetrics`` source)."""
+
+    def __init__(self, analyzer: Analyzer) -> None:
+        self.analyzer = analyzer
+
+    def __call__(self) -> Iterator[Metric]:
+        a = self.analyzer
+        cfg = a.cfg
+        ratio = BY_NAME["soakd_drift_ratio"].family()
+        for (metric, ref), r in sorted(a.drift.items()):
+            if r.ratio is not None:
+                ratio.add_metric([metric, ref], r.ratio)
+        yield ratio
+        det = BY_NAME["soakd_drift_detected"].family()
+        ev = BY_NAME["soakd_drift_events_total"].family()
+        for metric in cfg.drift.metrics:
+            det.add_metric([metric], 1.0 if a.drift_active.get(metric) else 0.0)
+            ev.add_metric([metric], float(a.drift_events.get(metric, 0)))
+        yield det
+        yield ev
+        w = a.last_window
+        if w is not None:
+            val = BY_NAME["soakd_window_value"].family()
+            for metric in cfg.drift.metrics:
+                value, _ci, _n = metric_value(w, metric)
+                if value is not None:
+                    val.add_metric([metric], value)
+            yield val
+            req = BY_NAME["soakd_window_requests"].family()
+            req.add_metric([], float(w.requests))
+            yield req
+            ins = BY_NAME["soakd_window_insufficient"].family()
+            ins.add_metric([], 0.0 if w.requests >= cfg.drift.min_requests else 1.0)
+            yield ins
+        spread = BY_NAME["soakd_stability_spread_ratio"].family()
+        for metric, st in sorted(a.stability.items()):
+            if st.get("spread") is not None:
+                spread.add_metric([metric], st["spread"])
+        yield spread
+        growth = BY_NAME["soakd_memory_growth_bytes_per_hour"].family()
+        kvg = BY_NAME["soakd_kv_cache_growth_ratio_per_hour"].family()
+        sus = BY_NAME["soakd_memory_leak_suspected"].family()
+        for source, lk in sorted(a.leaks.items()):
+            if lk.status == "no_data":
+                continue
+            sus.add_metric([source], 1.0 if lk.suspected else 0.0)
+            if lk.growth_per_hour is not None:
+                (growth if source in LEAK_SOURCES_BYTES else kvg).add_metric([source], lk.growth_per_hour)
+        yield growth
+        yield kvg
+        yield sus
+        thr = BY_NAME["soakd_throttle_detected"].family()
+        thr.add_metric([], 1.0 if a.throttle_detected else 0.0)
+        yield thr
+        share = w.device.throttle_share if w is not None else None
+        if share:
+            sh = BY_NAME["soakd_throttle_share_ratio"].family()
+            for reason in CLOCKS_EVENT_REASON_NAMES:
+                sh.add_metric([reason], float(share.get(reason, 0.0)))
+            yield sh
+        q = a.last_quiesce
+        if q is not None:
+            if q.kv_cache_usage_ratio is not None:
+                fam = BY_NAME["soakd_quiesce_kv_cache_usage_ratio"].family()
+                fam.add_metric([], q.kv_cache_usage_ratio)
+                yield fam
+            if q.memory_used_bytes is not None:
+                fam = BY_NAME["soakd_quiesce_gpu_memory_used_bytes"].family()
+                fam.add_metric([], q.memory_used_bytes)
+                yield fam
+        for name, value in (("soakd_quiesce_probes_total", a.quiesce_probes),
+                            ("soakd_canary_checks_total", a.canary_checks),
+                            ("soakd_canary_mismatch_total", a.canary_mismatches),
+                            ("soakd_canary_errors_total", a.canary_errors)):
+            c = BY_NAME[name].family()
+            c.add_metric([], float(value))
+            yield c
+        fc = BY_NAME["soakd_findings_total"].family()
+        for kind in FINDING_KINDS:
+            for sev in ("warning", "critical"):
+                fc.add_metric([kind, sev], float(a.finding_counts.get((kind, sev), 0)))
+        yield fc
+        vp = BY_NAME["soakd_verdict_pass"].family()
+        vp.add_metric([], 0.0 if a.failing else 1.0)
+        yield vp

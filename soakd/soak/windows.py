@@ -1,0 +1,144 @@
+"""The open windows of a soak and when they close.
+
+``WindowSet`` keeps one :class:`~soakd.analysis.window.OpenWindow` per window that has
+requests in flight, samples or a quiesce probe, adds intervals (probe pauses, the target being
+down) to the windows they overlap, and closes a window once it has ended and its requests
+have finished — or ``patience`` after its end (``RunPolicies.close_patience``), when the
+stragglers become the window's ``late_records``. Closed windows come out as
+:class:`~soakd.core.summary.WindowSummary`; their sketches are dropped (bounded memory).
+"""
+
+from __future__ import annotations
+
+from soakd.analysis.window import OpenWindow
+from soakd.core.records import RequestRecord
+from soakd.core.series import Series
+from soakd.core.summary import QuiesceProbe, WindowSummary
+from soakd.core.timeline import SYSTEM_CLOCK, Clock, Timeline
+
+
+class WindowSet:
+    def __init__(self, timeline: Timeline, *, confidence: float = 0.95, patience: float = 120.0,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
+        self.timeline = timeline
+        self.confidence = confidence
+        self.patience = patience
+        self.clock = clock
+        self.segment = 0
+        self.open: dict[int, OpenWindow] = {}
+        self.last_closed = timeline.first_index - 2  # index of the last window closed
+        self.closed_count = 0
+
+    # ---- the windows
+    def window_for(self, index: int) -> OpenWindow:
+        w = self.open.get(index)
+        if w is None:
+            tl = self.timeline
+            s, e = (tl.start, tl.first_window_start) if index < 0 else tl.window_bounds(index)
+            w = self.open[index] = OpenWindow(index, s, e, self.clock.wall() - (self.clock.monotonic() - s))
+        return w
+
+    def current(self, now: float) -> OpenWindow | None:
+        """The window open at ``now`` (or the newest one)."""
+        w = self.open.get(self.timeline.window_at(now))
+        if w is None and self.open:
+            w = self.open[max(self.open)]
+        return w
+
+    def accepts(self, index: int) -> bool:
+        """Whether samples of window ``index`` are still taken (a window of this segment, not closed)."""
+        return index >= self.timeline.first_index and index > self.last_closed
+
+    # ---- what comes in
+    def started(self, rec: RequestRecord) -> None:
+        self.window_for(rec.window).in_flight += 1
+
+    def finished(self, rec: RequestRecord, gaps: list[float] | None) -> None:
+        """A finished request: into its window, or counted late when that closed already."""
+        w = self.open.get(rec.window)
+        if w is None:
+            return
+        w.in_flight -= 1
+        if rec.warmup:
+            return
+        if w.closed:
+            w.late_records += 1
+            return
+        w.add(rec, gaps)
+
+    def add_samples(self, series: list[Series], t: float) -> int | None:
+        """A telemetry snapshot taken at ``t``: into its window; the window index, or None."""
+        idx = self.timeline.window_at(t)
+        if t >= self.timeline.end or not self.accepts(idx):
+            return None
+        self.window_for(idx).add_samples(series, t)
+        return idx
+
+    def add_energy(self, index: int, joules: float, seconds: float) -> None:
+        if self.accepts(index):
+            self.window_for(index).add_energy(joules, seconds)
+
+    def set_probe(self, probe: QuiesceProbe) -> None:
+        if self.accepts(probe.window):
+            self.window_for(probe.window).quiesce = probe
+
+    def hold(self, index: int) -> OpenWindow:
+        """Keep window ``index`` open (a quiesce probe in it) until ``release``."""
+        w = self.window_for(index)
+        w.in_flight += 1
+        return w
+
+    def release(self, w: OpenWindow) -> None:
+        w.in_flight -= 1
+
+    def add_interval(self, start: float, end: float, attr: str) -> None:
+        """Add the part of [start, end) that falls in each open window to ``attr``
+        (``paused_seconds``: quiesce probes; ``target_down_seconds``: the target unreachable)."""
+        if end <= start:
+            return
+        tl = self.timeline
+        k0, k1 = tl.window_at(start), tl.window_at(min(end, tl.end - 1e-9))
+        for k in range(max(k0, tl.first_index, self.last_closed + 1), k1 + 1):
+            ws, we = tl.window_bounds(k)
+            overlap = min(end, we) - max(start, ws)
+            if overlap <= 0:
+                continue
+            w = self.window_for(k)
+            if not w.closed:
+                setattr(w, attr, getattr(w, attr) + overlap)
+
+    # ---- closing
+    def close_due(self, now: float, final: bool = False) -> list[WindowSummary]:
+        """Close every window that has ended and drained (or waited ``patience``). ``final``: the
+        run is over; close all, the unfinished one marked partial."""
+        out: list[WindowSummary] = []
+        tl = self.timeline
+        upto = tl.window_at(min(now, tl.end - 1e-9))
+        for k in range(self.last_closed + 1, upto + 1):
+            if k >= tl.first_index:
+                self.window_for(k)
+        for index in sorted(self.open):
+            w = self.open[index]
+            if w.closed or index < tl.first_index:
+                continue
+            short = (w.end - w.start) < tl.window - 1e-6  # cut by the end of the run
+            if final:
+                partial = short or now < w.end - 1e-6
+                summary = w.summary(actual_end=min(now, w.end), partial=partial, confidence=self.confidence,
+                                    segment=self.segment)
+            else:
+                if now < w.end:
+                    break
+                if w.in_flight > 0 and now < w.end + self.patience:
+                    continue
+                summary = w.summary(partial=short, confidence=self.confidence, segment=self.segment)
+            w.closed = True
+            self.last_closed = max(self.last_closed, index)
+            self.closed_count += 1
+            out.append(summary)
+        for index in [i for i, w in self.open.items() if w.closed and w.in_flight <= 0]:
+            del self.open[index]
+        warm = self.open.get(-1)
+        if warm is not None and (final or now >= tl.first_window_start) and warm.in_flight <= 0:
+            del self.open[-1]
+        return out
