@@ -8,8 +8,8 @@ dashboards generated from one definition instead of hand-edited JSON), so every 
     python grafana/build.py          # rewrite grafana/dashboards/*.json
     python grafana/build.py --check  # exit 1 if a committed file differs from what this builds
 
-``tests/test_dashboards.py`` fails when the committed JSON is not what this script builds, and
-``tests/test_prometheus_e2e.py`` runs every query against a real Prometheus scraping a real soakd.
+``tests/component/test_dashboards.py`` fails when the committed JSON is not what this script builds, and
+``tests/component/test_prometheus.py`` runs every query against a real Prometheus scraping a real soakd.
 Metric names come from ``soakd/metrics.py`` (CATALOGUE); ``soakd:*`` names from
 ``deploy/prometheus/rules.yml``.
 """

@@ -14,6 +14,8 @@ from typing import Any
 import aiohttp
 
 from soakd.client.sse import SSEDecoder
+from soakd.client.transport import build_connector, request_headers
+from soakd.config import TargetConfig
 
 
 @dataclass
@@ -63,17 +65,20 @@ async def _stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any]
         return events
 
 
-async def run_checks(base_url: str, model: str | None = None, api_key: str | None = None,
+async def run_checks(target: TargetConfig, api_key: str | None = None,
                      timeout: float = 60.0) -> tuple[list[ProbeResult], str | None]:
-    base = base_url.rstrip("/")
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    """The four probes against ``target`` (its URL, model, headers), with the same request
+    headers and connection pool as ``soakd run`` (``soakd.client.transport``)."""
+    base = target.url.rstrip("/")
+    model = target.model
     results: list[ProbeResult] = []
-    to = aiohttp.ClientTimeout(total=timeout, sock_connect=min(10.0, timeout))
+    to = aiohttp.ClientTimeout(total=timeout, sock_connect=min(target.timeouts.connect, timeout))
     # One connection per probe: the probes check the API, not connection reuse (a server that
     # closes kept-alive connections after streamed responses, as llama.cpp's does, would otherwise
     # fail whichever probe reuses one; `soakd run` records that as connection_error).
-    connector = aiohttp.TCPConnector(force_close=True)
-    async with aiohttp.ClientSession(timeout=to, headers=headers, connector=connector) as session:
+    connector = build_connector(target, 1, force_close=True)
+    async with aiohttp.ClientSession(timeout=to, headers=request_headers(target, api_key),
+                                     connector=connector) as session:
         # 1. models
         res = ProbeResult("GET /models")
         t0 = time.perf_counter()

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from soakd import __version__
-from soakd.config import ConfigError, SoakConfig, load_config
+from soakd.config import ConfigError, SoakConfig, deep_merge, flags, load_config
 from soakd.core.durations import parse_duration
 
 EXIT_OK, EXIT_FAIL, EXIT_CONFIG = 0, 1, 2
@@ -40,25 +40,6 @@ def _run_async(coro: Any) -> Any:
         return runner.run(coro)
 
 
-def parse_mix(text: str) -> dict[str, float]:
-    mix: dict[str, float] = {}
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        name, sep, weight = part.partition("=")
-        name = name.strip()
-        try:
-            w = float(weight) if sep else 1.0
-        except ValueError:
-            raise ConfigError([f"--mix: weight of {name!r} must be a number, got {weight!r} "
-                               "(expected e.g. short_chat=4,long_context=1)"]) from None
-        mix[name] = w
-    if not mix:
-        raise ConfigError(["--mix: empty; expected e.g. short_chat=4,long_context=1"])
-    return mix
-
-
 def _dur(flag: str, value: str) -> float:
     try:
         return parse_duration(value)
@@ -67,94 +48,27 @@ def _dur(flag: str, value: str) -> float:
 
 
 def add_run_arguments(p: argparse.ArgumentParser, *, demo: bool = False) -> None:
+    """The flags of ``soakd run`` (and ``demo``, which has no target flags): the configuration
+    flags of ``soakd.config.flags`` plus the options that are not configuration."""
     if not demo:
         p.add_argument("-c", "--config", type=Path, default=os.environ.get("SOAKD_CONFIG"),
                        help="YAML configuration file (see examples/soak.yaml); env SOAKD_CONFIG")
-        p.add_argument("--target", help="OpenAI base URL including /v1, e.g. http://127.0.0.1:8000/v1")
-        p.add_argument("--model", help="model name (default: the first of GET /v1/models)")
-        p.add_argument("--api-key-env", help="environment variable that holds the API key")
-        p.add_argument("--api-key-file", type=Path, help="file whose first line is the API key")
-    p.add_argument("--duration", help="soak length: 45s, 30m, 12h (run default 12h)")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--concurrency", type=int, help="closed loop: requests kept in flight")
-    g.add_argument("--rate", type=float, help="open loop: requests per second")
-    p.add_argument("--arrival", choices=["poisson", "constant"], help="open-loop arrival process")
-    p.add_argument("--max-in-flight", type=int, help="open loop: cap on requests in flight")
-    p.add_argument("--mix", help="scenario weights, e.g. short_chat=4,long_context=1,batch_burst=1")
-    p.add_argument("--window", help="analysis window (default 30m)")
-    p.add_argument("--warmup", help="warm-up excluded from statistics (default 2m)")
-    p.add_argument("--max-requests", type=int, help="end after this many requests")
-    p.add_argument("--grace", help="drain period for in-flight requests at shutdown (default 30s)")
-    p.add_argument("--metrics-host", help="listen address for /metrics (default 0.0.0.0)")
-    p.add_argument("--metrics-port", type=int, help="listen port for /metrics (default 9400; 0 = any)")
-    p.add_argument("--state-dir", type=Path, help="state and report directory (default ./soakd-state)")
-    p.add_argument("--seed", type=int, help="seed for prompts, arrivals and the mix")
-    p.add_argument("--no-keep-alive", action="store_true", default=None,
-                   help="open a new connection per request (servers that drop reused connections)")
-    p.add_argument("--server-metrics-url", help="the server's Prometheus /metrics URL, or none "
-                   "(default: the target's origin + /metrics)")
-    p.add_argument("--dcgm-url", help="dcgm-exporter /metrics URL (GPU telemetry when the GPU is not visible to soakd)")
-    p.add_argument("--nvml", choices=["auto", "on", "off"], help="NVML GPU sampler (default auto)")
-    p.add_argument("--sample-interval", help="default sampling interval of every sampler (default 5s)")
-    p.add_argument("--log-format", choices=["auto", "json", "console"])
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--progress", dest="progress", action="store_true", default=None, help="live progress line")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no live progress line")
+    flags.add_arguments(p, target=not demo)
     p.add_argument("--new-run", action="store_true",
                    help="start a fresh run even if the state dir holds an unfinished one (default: resume it)")
-    p.add_argument("--baseline", type=Path,
-                   help="an earlier run's JSON report whose baseline window this run is compared with")
     p.add_argument("--print-config", action="store_true", help="print the effective configuration and exit")
 
 
-def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    o: dict[str, Any] = {}
-
-    def put(path: str, value: Any) -> None:
-        if value is None:
-            return
-        node = o
-        keys = path.split(".")
-        for k in keys[:-1]:
-            node = node.setdefault(k, {})
-        node[keys[-1]] = value
-
-    put("target.url", getattr(args, "target", None))
-    put("target.model", getattr(args, "model", None))
-    put("target.api_key_env", getattr(args, "api_key_env", None))
-    put("target.api_key_file", str(args.api_key_file) if getattr(args, "api_key_file", None) else None)
-    if getattr(args, "no_keep_alive", None):
-        put("target.keep_alive", False)
-    for flag, path in (("duration", "run.duration"), ("window", "run.window"), ("warmup", "run.warmup"),
-                       ("grace", "run.grace")):
-        v = getattr(args, flag, None)
-        if v is not None:
-            put(path, _dur(f"--{flag}", v))
-    put("run.max_requests", args.max_requests)
-    put("run.seed", args.seed)
-    put("run.state_dir", str(args.state_dir) if args.state_dir else None)
-    if args.concurrency is not None:
-        put("load.concurrency", args.concurrency)
-        o.setdefault("load", {})["rate"] = None
-    if args.rate is not None:
-        put("load.rate", args.rate)
-        o.setdefault("load", {})["concurrency"] = None
-    put("load.arrival", args.arrival)
-    put("load.max_in_flight", args.max_in_flight)
-    if args.mix:
-        put("load.mix", parse_mix(args.mix))
-    put("samplers.server.url", args.server_metrics_url)
-    put("samplers.dcgm.url", args.dcgm_url)
-    put("samplers.nvml.mode", args.nvml)
-    if args.sample_interval is not None:
-        put("samplers.interval", _dur("--sample-interval", args.sample_interval))
-    put("analysis.baseline", str(args.baseline) if getattr(args, "baseline", None) else None)
-    put("metrics.host", args.metrics_host)
-    put("metrics.port", args.metrics_port)
-    put("log.format", args.log_format)
-    put("log.level", args.log_level)
-    put("log.progress", args.progress)
-    return o
+def _load(args: argparse.Namespace, path: Path | None = None, base: dict[str, Any] | None = None,
+          environ: dict[str, str] | None = None) -> SoakConfig:
+    """The effective configuration: file < environment < ``base`` < flags; errors name the flag."""
+    over = flags.overrides(args)
+    if base is not None:
+        over = deep_merge(base, over)
+    try:
+        return load_config(path, over, environ=environ)
+    except ConfigError as exc:
+        raise flags.annotate(exc, args) from None
 
 
 def _print_config(cfg: SoakConfig) -> None:
@@ -221,7 +135,7 @@ def cmd_run(args: argparse.Namespace, record_listeners: tuple[Any, ...] = ()) ->
     from soakd import logging_setup
 
     try:
-        cfg = load_config(args.config, overrides_from_args(args))
+        cfg = _load(args, args.config)
         if args.print_config:
             _print_config(cfg)
             return EXIT_OK
@@ -272,10 +186,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         "log": {"format": "console", "summary_interval": 30.0},
     }
     try:
-        from soakd.config import deep_merge
-
-        over = deep_merge(defaults, overrides_from_args(args))
-        cfg = load_config(None, over, environ={k: v for k, v in os.environ.items() if k.startswith("SOAKD_")})
+        cfg = _load(args, base=defaults)
         if args.print_config:
             _print_config(cfg)
             return EXIT_OK
@@ -321,32 +232,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    """The target and its key come from the same configuration as ``soakd run`` (flags, SOAKD_*
+    environment, ``-c`` file)."""
     from soakd.check import format_table, run_checks
 
-    api_key = None
-    if args.api_key_env:
-        api_key = os.environ.get(args.api_key_env)
-        if not api_key:
-            sys.stderr.write(f"soakd: --api-key-env: environment variable {args.api_key_env} is not set\n")
-            return EXIT_CONFIG
-    elif args.api_key_file:
-        try:
-            api_key = args.api_key_file.read_text().strip().splitlines()[0]
-        except (OSError, IndexError) as exc:
-            sys.stderr.write(f"soakd: --api-key-file: cannot read {args.api_key_file}: {exc}\n")
-            return EXIT_CONFIG
     try:
-        from soakd.config import TargetConfig
-
-        url = TargetConfig(url=args.target).url
-    except Exception as exc:  # noqa: BLE001
-        sys.stderr.write(f"soakd: --target: {exc}\n")
-        return EXIT_CONFIG
-    results, model = _run_async(run_checks(url, args.model, api_key, timeout=_dur("--timeout", args.timeout)))
+        cfg = _load(args, args.config)
+        api_key = cfg.api_key()
+        timeout = _dur("--timeout", args.timeout)
+    except ConfigError as exc:
+        return _config_error(exc)
+    results, model = _run_async(run_checks(cfg.target, api_key, timeout=timeout))
     if args.json:
         sys.stdout.write(json.dumps([r.__dict__ for r in results], indent=2) + "\n")
     else:
-        sys.stdout.write(format_table(results, url, model) + "\n")
+        sys.stdout.write(format_table(results, cfg.target.url, model) + "\n")
     return EXIT_OK if all(r.ok for r in results) else EXIT_FAIL
 
 
@@ -355,7 +255,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_sim(args: argparse.Namespace) -> int:
     from soakd import logging_setup
-    from soakd.sim.server import serve_forever, sim_config_from_args
+    from soakd.sim.cli import sim_config_from_args
+    from soakd.sim.server import serve_forever
 
     try:
         base = load_config(args.config).sim if args.config else None
@@ -474,10 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("check", help="OpenAI compatibility probe of a target")
-    p.add_argument("--target", required=True, help="OpenAI base URL including /v1")
-    p.add_argument("--model", help="model name (default: the first of /v1/models)")
-    p.add_argument("--api-key-env")
-    p.add_argument("--api-key-file", type=Path)
+    p.add_argument("-c", "--config", type=Path, default=os.environ.get("SOAKD_CONFIG"),
+                   help="YAML configuration file whose target: section is probed; env SOAKD_CONFIG")
+    flags.add_arguments(p, flags=("--target", "--model", "--api-key-env", "--api-key-file", "--no-keep-alive"))
     p.add_argument("--timeout", default="60s", help="per-probe timeout (default 60s)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_check)
@@ -485,7 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sim", help="run the embedded simulated inference server")
     p.add_argument("-c", "--config", type=Path, help="YAML file whose sim: block configures the simulator")
     p.add_argument("--log-format", choices=["auto", "json", "console"])
-    from soakd.sim.server import add_sim_arguments
+    from soakd.sim.cli import add_sim_arguments
 
     add_sim_arguments(p)
     p.set_defaults(func=cmd_sim)

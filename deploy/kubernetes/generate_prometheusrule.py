@@ -7,7 +7,7 @@
 One Prometheus Operator PrometheusRule per rule file (a YAML file of deploy/prometheus/ with
 top-level ``groups:``: alerts.yml, rules.yml; not prometheus.yml, not promtool's tests). The rule
 file's text is embedded verbatim under ``spec:``, comments included, and the script checks that
-it parses back to the same groups. tests/test_deploy.py checks that regenerating gives the
+it parses back to the same groups. tests/component/test_deploy.py checks that regenerating gives the
 committed file byte for byte, so a rule change without a regeneration fails the tests.
 
 Standard library and PyYAML only: it does not import soakd.

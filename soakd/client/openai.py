@@ -11,89 +11,29 @@ event carrying content is the first token; each later content event is one inter
 it as fewer, longer gaps — as in ``vllm bench serve``).
 
 The hot path is lean on purpose (the same benchmark holds it to its targets): one timer per
-request (``_Deadline``), a one-split SSE path for well-formed streams, the C JSON scanner and
-encoder without their per-call Python wrappers.
+request (``_Deadline``), a one-split SSE path for well-formed streams, and the transport tricks
+of ``soakd.client.transport`` (socket-arrival stamps, the C JSON scanner and encoder).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
-import json.encoder
-import json.scanner
 import time
-from collections.abc import Callable
 from typing import Any
 
 import aiohttp
-from aiohttp.client_proto import ResponseHandler
 from yarl import URL
 
-from soakd.core.records import Outcome, RequestRecord
 from soakd.client.sse import SSEDecoder
+from soakd.client.transport import StampedResponseHandler, build_connector, parse_event, request_headers
+from soakd.client.transport import dumps as _dumps
 from soakd.client.validate import check_output, check_structure
 from soakd.config import TargetConfig
+from soakd.core.records import Outcome, RequestRecord
 
 _perf_ns = time.perf_counter_ns
 _loads = json.loads
-
-
-def _make_dumps() -> Callable[[Any], str]:
-    """``json.dumps(obj, separators=(",", ":"))`` for request bodies, through one C encoder built
-    once (``json.dumps`` builds one, and a circular-reference table, per call). Checked against
-    ``json.dumps`` at import; falls back to it where the C encoder is missing or differs."""
-    slow = json.JSONEncoder(separators=(",", ":")).encode
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:
-        return slow
-    try:
-        enc = make(None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii, None, ":", ",",
-                   False, False, True)
-        sample = {"model": "m", "messages": [{"role": "user", "content": "h\u00e9 \"x\"\n"}], "max_tokens": 16,
-                  "temperature": 0.7, "stream": True, "stream_options": {"include_usage": True}, "n": None}
-        if "".join(enc(sample, 0)) != slow(sample):
-            return slow
-    except Exception:  # noqa: BLE001 - any surprise: the documented path
-        return slow
-    return lambda obj: "".join(enc(obj, 0))
-
-
-_dumps = _make_dumps()
-_scan = json.scanner.make_scanner(json.JSONDecoder())  # the C scanner behind json.loads
-
-
-def parse_event(data: bytes) -> Any:
-    """``json.loads(data)`` for one SSE event, without its Python-level wrappers in the common case
-    (valid UTF-8, a value from the first byte to the last). Anything else goes through
-    ``json.loads`` itself: same result, same exceptions (ValueError, UnicodeDecodeError)."""
-    try:
-        text = data.decode()
-        obj, end = _scan(text, 0)
-        if end == len(text):
-            return obj
-    except (ValueError, StopIteration):
-        pass
-    return _loads(data)
-
-
-class StampedResponseHandler(ResponseHandler):
-    """aiohttp's connection protocol, noting when bytes last came off the socket.
-
-    Event times are then the arrival of the data that completed the event, not the moment the
-    request's task next ran: on a busy loop the latter is later by the work of every callback
-    ahead of it (other requests' parsing and sending), which is the load generator's noise."""
-
-    __slots__ = ("rx_ns",)
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.rx_ns = 0
-
-    def data_received(self, data: bytes) -> None:
-        if data:  # aiohttp calls it with b"" itself when it resumes reading
-            self.rx_ns = _perf_ns()
-        super().data_received(data)
 
 
 class _Deadline:
@@ -162,23 +102,6 @@ class _Deadline:
         self.task.cancel()
 
 
-def build_connector(target: TargetConfig, limit: int) -> aiohttp.TCPConnector:
-    conn = aiohttp.TCPConnector(
-        limit=target.max_connections or max(limit, 1),
-        limit_per_host=0,
-        force_close=not target.keep_alive,
-        enable_cleanup_closed=False,
-        ttl_dns_cache=300,
-        keepalive_timeout=30.0 if target.keep_alive else None,
-    )
-    # connections get the stamping protocol (aiohttp builds them with ``_factory``, a partial of
-    # ResponseHandler; when a future aiohttp does otherwise, events are stamped when read instead)
-    factory = getattr(conn, "_factory", None)
-    if isinstance(factory, functools.partial) and factory.func is ResponseHandler:
-        conn._factory = functools.partial(StampedResponseHandler, *factory.args, **factory.keywords)  # noqa: SLF001
-    return conn
-
-
 class OpenAIClient:
     """Shares one ClientSession/TCPConnector sized to the load."""
 
@@ -188,10 +111,7 @@ class OpenAIClient:
         self._chat_url = URL(self.base + "/chat/completions")  # parsed once, not per request
         self._completions_url = URL(self.base + "/completions")
         self.validation = target.validation
-        self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json"}
-        self.headers.update(target.headers)
-        if api_key:
-            self.headers["Authorization"] = f"Bearer {api_key}"
+        self.headers = request_headers(target, api_key)
         self._pool_size = pool_size
         self._session: aiohttp.ClientSession | None = None
         to = target.timeouts

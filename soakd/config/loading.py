@@ -9,10 +9,13 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
+from pydantic_settings import EnvSettingsSource
+from pydantic_settings.sources.utils import parse_env_vars
 
 from soakd.config.model import ConfigError, SoakConfig
 
@@ -21,34 +24,43 @@ from soakd.config.model import ConfigError, SoakConfig
 ENV_PREFIX = "SOAKD_"
 
 
-def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
-    node = tree
-    for key in path[:-1]:
-        nxt = node.get(key)
-        if not isinstance(nxt, dict):
-            nxt = {}
-            node[key] = nxt
-        node = nxt
-    node[path[-1]] = value
+class _EnvSource(EnvSettingsSource):
+    """pydantic-settings' environment source over a given mapping: ``SOAKD_`` prefix, ``__``
+    between levels, names case-insensitive, ``null`` for None, lists and mappings in YAML."""
 
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self._environ = environ
+        super().__init__(SoakConfig, case_sensitive=False, env_prefix=ENV_PREFIX,  # type: ignore[arg-type]
+                         env_nested_delimiter="__", env_parse_none_str="null")
 
-def env_overrides(environ: dict[str, str] | None = None) -> dict[str, Any]:
-    """``SOAKD_RUN__DURATION=1h`` -> ``{"run": {"duration": "1h"}}`` (``__`` nests). Values are YAML scalars,
-    so ``SOAKD_LOAD__CONCURRENCY=16`` is an int and ``SOAKD_LOAD__MIX='{short_chat: 1}'`` a mapping."""
-    environ = os.environ if environ is None else environ
-    out: dict[str, Any] = {}
-    for key, raw in environ.items():
-        if not key.startswith(ENV_PREFIX) or key in ("SOAKD_CONFIG",):
-            continue
-        path = [p.lower() for p in key[len(ENV_PREFIX):].split("__") if p]
-        if not path or path[0] not in SoakConfig.model_fields:
-            continue
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return parse_env_vars(self._environ, False, False, "null")
+
+    def decode_complex_value(self, field_name: str, field: Any, value: Any) -> Any:
         try:
-            value = yaml.safe_load(raw) if raw.strip() else raw
+            return yaml.safe_load(value)
         except yaml.YAMLError:
-            value = raw
-        _set_path(out, path, value)
-    return out
+            return value  # the model names the field and what it expected
+
+
+def env_overrides(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``SOAKD_RUN__DURATION=1h`` -> ``{"run": {"duration": "1h"}}`` (``__`` nests, names are
+    case-insensitive; pydantic-settings reads them). Values are YAML: ``SOAKD_LOAD__CONCURRENCY=16``
+    is an int, ``SOAKD_LOAD__MIX='{short_chat: 1}'`` a mapping, ``'off'`` (quoted) the string off;
+    what is not valid YAML stays the string it is. Names that are no configuration section
+    (``SOAKD_CONFIG``) are not configuration."""
+    return _scalars(_EnvSource(os.environ if environ is None else environ)())
+
+
+def _scalars(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {k: _scalars(v) for k, v in tree.items()}
+    if isinstance(tree, str) and tree.strip():
+        try:
+            return yaml.safe_load(tree)
+        except yaml.YAMLError:
+            return tree
+    return tree
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

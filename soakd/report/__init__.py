@@ -10,10 +10,10 @@ from pathlib import Path
 import structlog
 
 from soakd.report.build import REPORT_SCHEMA, ReportError, build_report
+from soakd.report.format import charts
 from soakd.report.render import (
     FORMATS,
     REPORT_FILES,
-    charts,
     render,
     render_html,
     render_json,

@@ -8,6 +8,11 @@ reason; violation (throttle-time) counters; volatile ECC errors; remapped rows; 
 events; and the device memory of the target's processes when NVML shows them. Identity lives in
 ``soakd_gpu_info{gpu,uuid,name}``; every other series carries only ``gpu`` (index) and ``uuid``.
 
+Longer than 500 lines: each of these fields is read on its own (a field the GPU does not support
+is left out, a lost GPU does not stop the others), and the readers share the sampler's per-GPU
+state (the energy counter across resets, the Xid event set, the unsupported-field memo); split
+by field, every part would reach into that state.
+
 Threading: every NVML call happens in ``_sample_blocking`` (or ``_close_blocking``), run with
 ``asyncio.to_thread``; nothing touches NVML on the event loop. A lock keeps a hung call from
 overlapping the next run. Xid events are drained from an NVML event set inside the same call

@@ -5,8 +5,10 @@ sampler touches: function names and parameter names, constants with their real v
 returned structures with their real field names, ``nvmlFriendlyObject`` for process lists,
 and the exception hierarchy built exactly like the real ``_extractNVMLErrorsAsClasses``
 (``NVMLError(code)`` returns the ``NVMLError_<Name>`` subclass; every instance has ``.value``).
-``tests/test_nvml.py`` cross-checks all of it against the installed package (``tests/fakes/fake_pynvml``
-is an alias of this module).
+``tests/unit/test_nvml.py`` cross-checks all of it against the installed package.
+
+Longer than 500 lines: it stands in for one module (``pynvml.py``), so it is one module: code
+that does ``import pynvml`` must find every name in it, as in the real one.
 
 Use it as the sampler's ``nvml_module=`` or install it with
 ``monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml)``; call ``reset()`` first.

@@ -27,20 +27,22 @@ import asyncio
 import contextlib
 import random
 import time
-from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-
 from soakd.config.sim import SimConfig
+from soakd.sim.histograms import (
+    DONE,
+    REQUEST_LATENCY_BUCKETS,
+    RUNNING,
+    TOKEN_LATENCY_BUCKETS,
+    TTFT_BUCKETS,
+    WAITING,
+    Histogram,
+    build_1_2_5_buckets,
+)
 
 
 class Device(Protocol):
@@ -48,132 +50,15 @@ class Device(Protocol):
 
     def slowdown(self) -> float: ...
 
+
 __all__ = [
     "FINISH_REASONS",
     "FaultPlan",
-    "Histogram",
-    "SimCollector",
     "SimModel",
     "SimRequest",
 ]
 
 FINISH_REASONS = ("stop", "length", "abort")
-
-# Bucket boundaries as current vLLM (V1 engine) defines them in vllm/v1/metrics/loggers.py.
-TTFT_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
-)
-TOKEN_LATENCY_BUCKETS = (
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-)
-REQUEST_LATENCY_BUCKETS = (
-    0.3,
-    0.5,
-    0.8,
-    1.0,
-    1.5,
-    2.0,
-    2.5,
-    5.0,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    40.0,
-    50.0,
-    60.0,
-    120.0,
-    240.0,
-    480.0,
-    960.0,
-    1920.0,
-    7680.0,
-)
-
-WAITING, RUNNING, DONE = 0, 1, 2
-
-
-def build_1_2_5_buckets(max_value: int) -> tuple[float, ...]:
-    """1, 2, 5, 10, 20, 50, ... up to *max_value* (vLLM's token-count buckets)."""
-    out: list[float] = []
-    exponent = 0
-    while True:
-        for mantissa in (1, 2, 5):
-            value = mantissa * 10**exponent
-            if value > max_value:
-                return tuple(out)
-            out.append(float(value))
-        exponent += 1
-
-
-class Histogram:
-    """A minimal cumulative histogram (no locks, no labels): cheap enough per token."""
-
-    __slots__ = ("bounds", "count", "counts", "sum")
-
-    def __init__(self, bounds: Sequence[float]) -> None:
-        self.bounds = tuple(bounds)
-        self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, value: float, n: int = 1) -> None:
-        """Record *value* *n* times."""
-        self.counts[bisect_left(self.bounds, value)] += n
-        self.sum += value * n
-        self.count += n
-
-    def cumulative(self) -> list[tuple[str, float]]:
-        out, running = [], 0
-        for bound, count in zip(self.bounds, self.counts, strict=False):
-            running += count
-            out.append((_fmt_bound(bound), running))
-        out.append(("+Inf", self.count))
-        return out
-
-
-def _fmt_bound(bound: float) -> str:
-    return repr(float(bound))
-
 
 @dataclass(slots=True)
 class FaultPlan:
@@ -487,105 +372,3 @@ class SimModel:
                 req.waiter.cancel()
 
 
-class SimCollector:
-    """Exposes a :class:`SimModel` with vLLM's current (V1 engine) metric names."""
-
-    def __init__(self, get_model: Callable[[], SimModel], model_name: str) -> None:
-        self._get_model = get_model
-        self._labels = ["model_name", "engine"]
-        self._values = [model_name, "0"]
-
-    def collect(self) -> Iterator[Metric]:
-        m = self._get_model()
-        cfg = m.config
-        labels, values = self._labels, self._values
-
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            fam = GaugeMetricFamily(name, doc, labels=labels)
-            fam.add_metric(values, value)
-            return fam
-
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            fam = CounterMetricFamily(name, doc, labels=labels)
-            fam.add_metric(values, value)
-            return fam
-
-        def histogram(name: str, doc: str, h: Histogram) -> HistogramMetricFamily:
-            fam = HistogramMetricFamily(name, doc, labels=labels)
-            fam.add_metric(values, h.cumulative(), h.sum)
-            return fam
-
-        yield gauge(
-            "vllm:num_requests_running", "Number of requests in model execution batches.", m.running
-        )
-        yield gauge(
-            "vllm:num_requests_waiting",
-            "Number of requests waiting to be processed.",
-            len(m.waiting),
-        )
-        yield gauge(
-            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", m.kv_usage
-        )
-        info = GaugeMetricFamily(
-            "vllm:cache_config_info",
-            "Information of the LLMEngine CacheConfig",
-            labels=["block_size", "num_gpu_blocks", "engine"],
-        )
-        info.add_metric([str(cfg.kv_block_size), str(cfg.kv_blocks_total), "0"], 1.0)
-        yield info
-        yield counter(
-            "vllm:num_preemptions",
-            "Cumulative number of preemption from the engine.",
-            m.num_preemptions,
-        )
-        yield counter(
-            "vllm:prompt_tokens", "Number of prefill tokens processed.", m.prompt_tokens_total
-        )
-        yield counter(
-            "vllm:generation_tokens",
-            "Number of generation tokens processed.",
-            m.generation_tokens_total,
-        )
-        success = CounterMetricFamily(
-            "vllm:request_success",
-            "Count of successfully processed requests.",
-            labels=[*labels, "finished_reason"],
-        )
-        for reason in FINISH_REASONS:
-            success.add_metric([*values, reason], m.request_success.get(reason, 0))
-        yield success
-        yield histogram(
-            "vllm:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            m.ttft,
-        )
-        yield histogram(
-            "vllm:inter_token_latency_seconds",
-            "Histogram of inter-token latency in seconds.",
-            m.itl,
-        )
-        yield histogram(
-            "vllm:request_time_per_output_token_seconds",
-            "Histogram of time_per_output_token_seconds per request.",
-            m.request_tpot,
-        )
-        yield histogram(
-            "vllm:e2e_request_latency_seconds",
-            "Histogram of e2e request latency in seconds.",
-            m.e2e,
-        )
-        yield histogram(
-            "vllm:request_queue_time_seconds",
-            "Histogram of time spent in WAITING phase for request.",
-            m.queue_time,
-        )
-        yield histogram(
-            "vllm:request_prompt_tokens",
-            "Number of prefill tokens processed.",
-            m.request_prompt_tokens,
-        )
-        yield histogram(
-            "vllm:request_generation_tokens",
-            "Number of generation tokens processed.",
-            m.request_generation_tokens,
-        )

@@ -4,7 +4,7 @@ Static checks: the committed JSON is what ``grafana/build.py`` builds, every dat
 is the ``${datasource}`` variable (no hard-coded UID), every panel has a unit, every query uses the
 job/namespace/pod selector, every ``soakd_*`` name exists in ``soakd.metrics.CATALOGUE`` with the
 labels it is matched on, every ``soakd:*`` name is a recording rule, and the provisioning files
-parse. ``tests/test_prometheus_e2e.py`` runs every query against a real Prometheus.
+parse. ``tests/component/test_prometheus.py`` runs every query against a real Prometheus.
 
 The helpers here (loading dashboards and rules, ``probe_expressions``) are shared with
 ``test_alert_rules.py`` and ``test_prometheus_e2e.py``.

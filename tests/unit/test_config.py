@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from soakd.cli import build_parser, overrides_from_args
+from soakd.cli import build_parser
+from soakd.config.flags import overrides as overrides_from_args
 from soakd.config import ConfigError, SoakConfig, env_overrides, load_config
 from soakd.runtime import Runtime
 from soakd.workload.scenarios import resolve_all
@@ -149,7 +150,19 @@ def test_malformed_dataset_fails_at_start_naming_field_and_line(tmp_path: Path) 
 def test_env_overrides() -> None:
     env = {"SOAKD_RUN__DURATION": "1h", "SOAKD_LOAD__CONCURRENCY": "4", "SOAKD_LOAD__MIX": "{short_chat: 3}",
            "SOAKD_CONFIG": "/ignored.yaml", "SOAKD_NOT_A_SECTION": "x", "OTHER": "y"}
+    # values are YAML scalars and collections
     assert env_overrides(env) == {"run": {"duration": "1h"}, "load": {"concurrency": 4, "mix": {"short_chat": 3}}}
+    assert env_overrides({"SOAKD_SAMPLERS__NVML__MODE": "'off'"}) == {"samplers": {"nvml": {"mode": "off"}}}
+    cfg = load_config(None, environ=env)
+    assert cfg.load.concurrency == 4 and cfg.run.duration == 3600 and cfg.load.mix == {"short_chat": 3}
+    # names are case-insensitive, null is None, a list is YAML, a typo is an error naming the field
+    assert load_config(None, environ={"soakd_load__rate": "2.5", "SOAKD_LOAD__CONCURRENCY": "null"}).load.rate == 2.5
+    assert load_config(None, environ={"SOAKD_ANALYSIS__DRIFT__METRICS": "[e2e_p50, e2e_p95]"}
+                       ).analysis.drift.metrics == ["e2e_p50", "e2e_p95"]
+    with pytest.raises(ConfigError, match=r"run\.duraton: unknown field"):
+        load_config(None, environ={"SOAKD_RUN__DURATON": "1h"})
+    with pytest.raises(ConfigError, match=r"load\.mix"):
+        load_config(None, environ={"SOAKD_LOAD__MIX": "{bad"})
     cfg = load_config(None, environ=env)
     assert cfg.run.duration == 3600.0
     assert cfg.load.concurrency == 4
@@ -308,3 +321,20 @@ def test_yaml_off_is_the_nvml_mode_not_a_boolean(tmp_path):
     f.write_text("samplers:\n  nvml:\n    mode: off\n")
     assert load_config(f, environ={}).samplers.nvml.mode == "off"
     assert load_config(None, environ={"SOAKD_SAMPLERS__NVML__MODE": "on"}).samplers.nvml.mode == "on"
+
+
+def test_every_flag_names_a_field_and_errors_name_the_flag() -> None:
+    from soakd.config import flags
+
+    for f in flags.FLAGS:
+        flags._field(f.path)  # noqa: SLF001 - raises KeyError for a path the model does not have
+    args = build_parser().parse_args(["run", "--metrics-port", "70000", "--duration", "1h"])
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides_from_args(args), environ={})
+    annotated = flags.annotate(info.value, args)
+    assert any(line.startswith("metrics.port:") and line.endswith("(from --metrics-port)")
+               for line in annotated.errors), annotated.errors
+    # the choices are the model's
+    assert build_parser().parse_args(["run", "--nvml", "off"]).nvml == "off"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--nvml", "sometimes"])

@@ -4,7 +4,7 @@ Every ``import`` of every module under ``soakd/`` — at the top, inside functio
 ``TYPE_CHECKING`` alike — is an edge of the module graph. The graph has no cycle, and each part
 imports only the parts below it (``LAYERS``): neutral types in ``soakd.core`` import nothing of
 soakd, the configuration only ``core``, the analysis only ``core`` and ``config``, and so on up
-to the composition root.
+to the composition root. A module over ``MAX_LINES`` lines says why in its docstring.
 """
 
 from __future__ import annotations
@@ -145,3 +145,16 @@ def test_core_modules_import_nothing_of_soakd() -> None:
     g = graph()
     bad = {m: sorted(t) for m, t in g.items() if part(m) == "core" and t}
     assert not bad, bad
+
+
+def test_long_modules_say_why() -> None:
+    long = []
+    for name, path in modules().items():
+        lines = path.read_text(encoding="utf-8").count("\n")
+        if lines <= MAX_LINES:
+            continue
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        if "Longer than" not in doc:
+            long.append(f"{name} ({lines} lines)")
+    assert not long, ("modules over ~500 lines without a 'Longer than ...' reason in their docstring: "
+                      + ", ".join(long))

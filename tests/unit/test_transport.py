@@ -1,0 +1,95 @@
+"""The transport tricks of ``soakd.client.transport`` are on, and exact.
+
+They lean on details of aiohttp (``TCPConnector._factory``) and CPython (``c_make_encoder``,
+the C scanner); when an upgrade changes one, soakd falls back to the slower documented path and
+the first test here fails, naming what changed, so that the fallback is a decision, not an
+accident (benchmarks/client_capacity.py measures what each is worth).
+
+- ``parse_event`` is ``json.loads``: same value, same exception type;
+- the request-body encoder is ``json.dumps(body, separators=(",", ":"))``;
+- connections stamp the arrival of bytes (``StampedResponseHandler``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import aiohttp
+import pytest
+
+from soakd.client import transport
+from soakd.client.openai import OpenAIClient
+from soakd.config import TargetConfig
+from soakd.core.records import Outcome, RequestRecord
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_the_tricks_are_on_in_this_aiohttp_and_cpython() -> None:
+    assert await transport.stamping_supported(), (
+        f"aiohttp {aiohttp.__version__} no longer builds connections with TCPConnector._factory = "
+        "functools.partial(ResponseHandler, ...): soakd's events are stamped when read, not when they "
+        "arrive; adapt soakd/client/transport.py:_stamp and re-run benchmarks/client_capacity.py")
+    assert transport.FAST_DUMPS, (
+        f"CPython {sys.version.split()[0]}: json.encoder.c_make_encoder is gone or encodes differently; "
+        "request bodies go through json.dumps (slower); adapt soakd/client/transport.py:_make_dumps")
+    assert transport.FAST_SCAN, (
+        f"CPython {sys.version.split()[0]}: json.scanner has no C scanner; SSE events go through json.loads")
+    assert await transport.status() == {"socket_stamps": True, "c_encoder": True, "c_scanner": True}
+
+
+def test_request_headers_carry_the_key_and_the_target_headers() -> None:
+    target = TargetConfig(headers={"X-Team": "a"})
+    h = transport.request_headers(target, "sk-1")
+    assert h["Authorization"] == "Bearer sk-1" and h["X-Team"] == "a" and h["Content-Type"] == "application/json"
+    assert "Authorization" not in transport.request_headers(target, None)
+
+
+# ---- JSON ------------------------------------------------------------------------------------
+
+GOOD = [b'{"a": 1}', b'{"choices":[{"delta":{"content":"\\u00e9\xc3\xa9"}}]}', b"[1, 2]", b'"s"', b"3.5",
+        b"null", b" {\"a\": 1} ", b'{"a": NaN}', b"\xef\xbb\xbf{}"]
+BAD = [b"", b"{", b'{"a": 1} x', b"{'a': 1}", b"\xff\xfe{}", b'{"a": "\xc3"}', b"[DONE]", b"  "]
+
+
+@pytest.mark.parametrize("data", GOOD + BAD)
+def test_parse_event_is_json_loads(data: bytes) -> None:
+    try:
+        want: Any = json.loads(data)
+    except ValueError as exc:
+        with pytest.raises(type(exc)):
+            transport.parse_event(data)
+        return
+    got = transport.parse_event(data)
+    assert json.dumps(got) == json.dumps(want)
+
+
+def test_body_encoder_is_json_dumps() -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "caf\u00e9 \u2028 \"q\"\n\t\x00"}], "max_tokens": 16,
+            "temperature": 0.7, "stream": True, "stream_options": {"include_usage": True},
+            "x": [None, 1.5, float("inf"), -0.0, 10**20], "y": {"z": False}}
+    assert transport.dumps(body) == json.dumps(body, separators=(",", ":"))
+
+
+
+# ---- stamped connections ---------------------------------------------------------------------
+
+async def test_connections_stamp_byte_arrival() -> None:
+    from helpers import sim_server
+
+    async with sim_server(ttft_base=0.01, tpot_base=0.002, tpot_per_batch=0, ttft_per_prompt_token=0, jitter=0) as sim:
+        client = OpenAIClient(TargetConfig(url=sim.base_url))
+        rec = RequestRecord("test")
+        try:
+            body = {"model": "soakd-sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+                    "stream": True}
+            await client.execute(rec, body)
+            protocols = [p for conns in client.session.connector._conns.values() for p, _ in conns]  # noqa: SLF001
+        finally:
+            await client.close()
+    assert rec.outcome is Outcome.OK, rec
+    assert protocols and all(type(p) is transport.StampedResponseHandler for p in protocols)
+    t = rec.token_times_ns
+    assert rec.t_start_ns < rec.t_headers_ns <= t[0] and t == sorted(t) and t[-1] <= rec.t_end_ns
