@@ -116,6 +116,9 @@ async def _soak(cfg: SoakConfig, progress: bool | None = None, nvml_module: Any 
 
 def _print_summary(cfg: SoakConfig, outcome: Any) -> None:
     """The terminal summary, rendered from the run's report in the store."""
+    if outcome.stop_reason == "target_unreachable":
+        sys.stdout.write(f"\nsoakd: {cfg.target.url} never answered GET /models; no run was recorded\n")
+        return
     from soakd.report import ReportError, build_report
     from soakd.report.summary import format_summary
     from soakd.store import StoreError, StoreReader
@@ -126,7 +129,7 @@ def _print_summary(cfg: SoakConfig, outcome: Any) -> None:
     except (StoreError, ReportError) as exc:
         sys.stderr.write(f"soakd: no summary: {exc}\n")
         return
-    sys.stdout.write(format_summary(report, outcome.prompt_length_accuracy))
+    sys.stdout.write(format_summary(report, outcome))
 
 
 def cmd_run(args: argparse.Namespace, record_listeners: tuple[Any, ...] = ()) -> int:

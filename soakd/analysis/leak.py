@@ -160,20 +160,21 @@ class LeakResult:
 _num = as_float
 
 
+# source -> (the window's statistic of it, the comparable value: the floor, or KV's mean)
+_SOURCES: dict[str, tuple[Any, str]] = {
+    "device_memory": (lambda w: w.device.memory_used_bytes, "min"),
+    "target_gpu_memory": (lambda w: w.device.target_gpu_memory_bytes, "min"),
+    "target_rss": (lambda w: w.host.target_rss_bytes, "min"),
+    "kv_cache": (lambda w: w.server.kv_cache_usage_ratio, "mean"),
+}
+
+
 def _source_value(window: Window, source: str) -> float | None:
-    if source == "device_memory":
-        st = window.device.memory_used_bytes
-        return _num(st.min) if st else None
-    if source == "target_gpu_memory":
-        st = window.device.target_gpu_memory_bytes
-        return _num(st.min) if st else None
-    if source == "target_rss":
-        hs = window.host.target_rss_bytes
-        return _num(hs.min) if hs else None
-    if source == "kv_cache":
-        kv = window.server.kv_cache_usage_ratio
-        return _num(kv.mean) if kv else None
-    raise KeyError(f"unknown leak source {source!r}; known: {LEAK_SOURCES}")
+    if source not in _SOURCES:
+        raise KeyError(f"unknown leak source {source!r}; known: {LEAK_SOURCES}")
+    get, field = _SOURCES[source]
+    stat = get(window)
+    return _num(getattr(stat, field)) if stat is not None else None
 
 
 def memory_series(windows: list[Window], source: str) -> list[tuple[float, float]]:

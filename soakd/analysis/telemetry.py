@@ -15,7 +15,6 @@ from collections.abc import Iterable
 from soakd.core.reasons import CLOCKS_EVENT_REASON_NAMES
 from soakd.core.series import Series
 from soakd.core.summary import (
-    ClockStat,
     DeviceSummary,
     HostMemoryStat,
     HostSummary,
@@ -185,7 +184,7 @@ class TelemetryStats:
             power_watts=self._stat(PowerStat, "power_watts"),
             temperature_celsius=self._stat(MeanMax, "temperature_celsius"),
             memory_temperature_celsius=self._stat(MeanMax, "memory_temperature_celsius"),
-            sm_clock_hertz=self._stat(ClockStat, "sm_clock_hertz"),
+            sm_clock_hertz=self._stat(RangeStat, "sm_clock_hertz"),
             sm_clock_max_hertz=self.aggs["sm_clock_max_hertz"].hi if "sm_clock_max_hertz" in self.aggs else None,
             utilization_ratio=self._stat(MeanMax, "utilization_ratio"),
             memory_used_bytes=self._stat(MemoryStat, "memory_used_bytes"),

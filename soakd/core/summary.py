@@ -22,7 +22,6 @@ CI = tuple[float, float]
 
 __all__ = [
     "CI",
-    "ClockStat",
     "DeviceSummary",
     "HostMemoryStat",
     "HostSummary",
@@ -69,48 +68,29 @@ class Quantiles(_Part):
         return getattr(self, f"{q}_ci")
 
 
-class PowerStat(_Part):
-    mean: float | None = None
-    max: float | None = None
-    min: float | None = None
-    stdev: float | None = None
-    count: int = 0
-
-
 class MeanMax(_Part):
     mean: float | None = None
     max: float | None = None
 
 
-class ClockStat(_Part):
-    mean: float | None = None
-    min: float | None = None
-    max: float | None = None
-
-
-class RangeStat(_Part):
-    mean: float | None = None
-    max: float | None = None
+class RangeStat(MeanMax):
     min: float | None = None
 
 
-class MemoryStat(_Part):
+class PowerStat(RangeStat):
+    stdev: float | None = None
+    count: int = 0
+
+
+class HostMemoryStat(RangeStat):
     """A memory-like quantity over the window: its floor (min) is what leak detection compares."""
 
-    min: float | None = None
-    max: float | None = None
-    mean: float | None = None
     first: float | None = None
     last: float | None = None
+
+
+class MemoryStat(HostMemoryStat):
     slope_per_hour: float | None = None
-
-
-class HostMemoryStat(_Part):
-    min: float | None = None
-    max: float | None = None
-    mean: float | None = None
-    first: float | None = None
-    last: float | None = None
 
 
 class DeviceSummary(_Sparse):
@@ -123,7 +103,7 @@ class DeviceSummary(_Sparse):
     energy_per_output_token_joules: float | None = None
     temperature_celsius: MeanMax | None = None
     memory_temperature_celsius: MeanMax | None = None
-    sm_clock_hertz: ClockStat | None = None
+    sm_clock_hertz: RangeStat | None = None
     sm_clock_max_hertz: float | None = None
     utilization_ratio: MeanMax | None = None
     throttle_share: dict[str, float] | None = None

@@ -10,9 +10,10 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1000:.0f}"
 
 
-def format_summary(report: dict[str, Any], prompt_length_accuracy: dict[str, float] | None = None) -> str:
-    """A few lines per window, the findings, the verdict. ``prompt_length_accuracy`` is this
-    process's measurement (not stored), shown when given."""
+def format_summary(report: dict[str, Any], process: Any = None) -> str:
+    """A few lines per window, the findings, the verdict. ``process``: this process's own counts
+    (``soakd.runtime.RunOutcome``: requests measured and their outcomes, including those that
+    finished after their window closed, and the prompt-length accuracy, which is not stored)."""
     run = report.get("run") or {}
     lines = ["", f"soakd summary — run {run.get('id')} against {run.get('target')} "
              f"(model {run.get('model')}), ended: {run.get('stop_reason')}"]
@@ -35,11 +36,11 @@ def format_summary(report: dict[str, Any], prompt_length_accuracy: dict[str, flo
     for w in windows:
         for k, v in (w.get("outcomes") or {}).items():
             outcomes[k] = outcomes.get(k, 0) + int(v or 0)
-    late = sum(int(w.get("late_records") or 0) for w in windows)
+    measured = sum(outcomes.values())
+    if process is not None:
+        measured, outcomes = process.requests_measured, process.outcomes
     lines.append("")
-    lines.append(f" requests measured: {sum(outcomes.values()) + late}   outcomes: "
-                 + ", ".join(f"{k}={v}" for k, v in outcomes.items() if v)
-                 + (f", finished after their window closed={late}" if late else ""))
+    lines.append(f" requests measured: {measured}   outcomes: " + ", ".join(f"{k}={v}" for k, v in outcomes.items() if v))
     findings = [ev for items in (report.get("findings") or {}).values() for ev in items if ev.get("diagnosis")]
     if findings:
         lines.append("")
@@ -57,7 +58,7 @@ def format_summary(report: dict[str, Any], prompt_length_accuracy: dict[str, flo
         if stab:
             lines.append(" stability ((max-min)/median over full windows, method's 5%): "
                          + ("all tracked quantities within" if not unstable else "outside for " + ", ".join(unstable)))
-    acc = prompt_length_accuracy
+    acc = process.prompt_length_accuracy if process is not None else None
     if acc:
         lines.append(f" prompt length vs target (server usage): median {acc['median']:+.1%}, "
                      f"p05 {acc['p05']:+.1%}, p95 {acc['p95']:+.1%} over {acc['samples']} requests")

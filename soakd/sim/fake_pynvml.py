@@ -34,6 +34,7 @@ the module is a singleton, like the real one.
 
 from __future__ import annotations
 
+import os
 import string
 import sys
 import threading
@@ -443,6 +444,8 @@ def _refresher(device: Any, index: int) -> Callable[[FakeGpu], None]:
         gpu.sm_clock_max_mhz = int(r.sm_clock_max_mhz)
         gpu.mem_clock_mhz = gpu.mem_clock_max_mhz = int(r.memory_clock_mhz)
         gpu.reasons = int(r.reasons)
+        # the simulated server, which runs in this process, holds the simulated GPU's memory
+        gpu.processes = [(os.getpid(), int(r.memory_used))]
         if NVML_PERF_POLICY_POWER in gpu.violation_ns:
             gpu.violation_ns[NVML_PERF_POLICY_POWER] = int(r.power_violation_ns)
         if NVML_PERF_POLICY_THERMAL in gpu.violation_ns:

@@ -223,11 +223,9 @@ class StatusBoard:
     # ---- log lines
     async def summary_line(self) -> None:
         """The per-minute ``summary`` log line."""
-        ld = self.load
-        if ld is None:
+        if self.load is None:
             return
-        rec, tl = ld.recorder, ld.timeline
-        now = self.clock.monotonic()
+        rec, tl, now = self.load.recorder, self.load.timeline, self.clock.monotonic()
         prev = self._last_summary
         self._last_summary = (now, rec.finished_count, rec.completion_tokens, dict(rec.outcomes))
         if prev is None:
@@ -244,11 +242,9 @@ class StatusBoard:
 
     async def progress_line(self) -> None:
         """The live progress line on a terminal (stderr)."""
-        ld = self.load
-        if ld is None:
+        if self.load is None:
             return
-        rec, tl = ld.recorder, ld.timeline
-        now = self.clock.monotonic()
+        rec, tl, now = self.load.recorder, self.load.timeline, self.clock.monotonic()
         s = self._current(now)
         failed = sum(v for k, v in rec.outcomes.items() if k != "ok")
         err = failed / rec.finished_count if rec.finished_count else 0.0

@@ -10,6 +10,7 @@ from typing import Any
 from urllib.request import pathname2url
 
 from soakd.core.summary import WindowSummary
+from soakd.store import rows
 from soakd.store.rows import (
     _SQLITE_CANTOPEN,
     _SQLITE_READONLY,
@@ -19,14 +20,6 @@ from soakd.store.rows import (
     SegmentRow,
     _errcode,
     _open_error,
-    _q_baseline,
-    _q_events,
-    _q_get_run,
-    _q_latest_unfinished,
-    _q_list_runs,
-    _q_samples,
-    _q_segments,
-    _q_windows,
 )
 from soakd.store.schema import BUSY_TIMEOUT_MS, DB_NAME, SCHEMA_VERSION, StoreError, _user_version, migrate
 
@@ -103,30 +96,30 @@ class StoreReader:
         self.conn.close()
 
     def list_runs(self) -> list[RunRow]:
-        return _q_list_runs(self.conn)
+        return rows.q_list_runs(self.conn)
 
     def get_run(self, run_id: str) -> RunRow | None:
-        return _q_get_run(self.conn, run_id)
+        return rows.q_get_run(self.conn, run_id)
 
     def latest_run(self) -> RunRow | None:
         runs = self.list_runs()
         return runs[0] if runs else None
 
     def latest_unfinished_run(self) -> RunRow | None:
-        return _q_latest_unfinished(self.conn)
+        return rows.q_latest_unfinished(self.conn)
 
     def load_segments(self, run_id: str) -> list[SegmentRow]:
-        return _q_segments(self.conn, run_id)
+        return rows.q_segments(self.conn, run_id)
 
     def load_windows(self, run_id: str, *, include_partial: bool = True) -> list[WindowSummary]:
-        return _q_windows(self.conn, run_id, include_partial)
+        return rows.q_windows(self.conn, run_id, include_partial)
 
     def load_baseline(self, run_id: str) -> tuple[int, WindowSummary] | None:
-        return _q_baseline(self.conn, run_id)
+        return rows.q_baseline(self.conn, run_id)
 
     def load_events(self, run_id: str, kinds: Iterable[str] | None = None) -> list[EventRow]:
-        return _q_events(self.conn, run_id, kinds)
+        return rows.q_events(self.conn, run_id, kinds)
 
     def load_samples(self, run_id: str, series: str | None = None,
                      labels: Mapping[str, Any] | Iterable[tuple[str, Any]] | None = None) -> list[SampleRow]:
-        return _q_samples(self.conn, run_id, series, labels)
+        return rows.q_samples(self.conn, run_id, series, labels)

@@ -144,23 +144,23 @@ def _run_row(row: Sequence[Any]) -> RunRow:
     return RunRow(*row[:12], _loads(row[12]), *row[13:16])  # type: ignore[arg-type]
 
 
-def _q_get_run(conn: sqlite3.Connection, run_id: str) -> RunRow | None:
+def q_get_run(conn: sqlite3.Connection, run_id: str) -> RunRow | None:
     row = conn.execute(_RUN_SELECT + " WHERE r.id = ?", (run_id,)).fetchone()
     return _run_row(row) if row else None
 
 
-def _q_list_runs(conn: sqlite3.Connection) -> list[RunRow]:
+def q_list_runs(conn: sqlite3.Connection) -> list[RunRow]:
     return [_run_row(r) for r in conn.execute(_RUN_SELECT + " ORDER BY r.created_unix DESC, r.rowid DESC")]
 
 
-def _q_latest_unfinished(conn: sqlite3.Connection) -> RunRow | None:
+def q_latest_unfinished(conn: sqlite3.Connection) -> RunRow | None:
     row = conn.execute(
         _RUN_SELECT + " WHERE r.status = 'running' ORDER BY r.created_unix DESC, r.rowid DESC LIMIT 1"
     ).fetchone()
     return _run_row(row) if row else None
 
 
-def _q_segments(conn: sqlite3.Connection, run_id: str) -> list[SegmentRow]:
+def q_segments(conn: sqlite3.Connection, run_id: str) -> list[SegmentRow]:
     return [
         SegmentRow(*r)
         for r in conn.execute(
@@ -169,7 +169,7 @@ def _q_segments(conn: sqlite3.Connection, run_id: str) -> list[SegmentRow]:
     ]
 
 
-def _q_windows(conn: sqlite3.Connection, run_id: str, include_partial: bool) -> list[WindowSummary]:
+def q_windows(conn: sqlite3.Connection, run_id: str, include_partial: bool) -> list[WindowSummary]:
     out = []
     for idx, segment, partial, text in conn.execute(
         "SELECT idx, segment, partial, summary_json FROM windows WHERE run_id = ? "
@@ -180,7 +180,7 @@ def _q_windows(conn: sqlite3.Connection, run_id: str, include_partial: bool) -> 
     return out
 
 
-def _q_baseline(conn: sqlite3.Connection, run_id: str) -> tuple[int, WindowSummary] | None:
+def q_baseline(conn: sqlite3.Connection, run_id: str) -> tuple[int, WindowSummary] | None:
     row = conn.execute("SELECT baseline_window, baseline_json FROM runs WHERE id = ?", (run_id,)).fetchone()
     if row is None or row[1] is None:
         return None
@@ -190,7 +190,7 @@ def _q_baseline(conn: sqlite3.Connection, run_id: str) -> tuple[int, WindowSumma
     return idx, WindowSummary.load(doc)
 
 
-def _q_events(conn: sqlite3.Connection, run_id: str, kinds: Iterable[str] | None) -> list[EventRow]:
+def q_events(conn: sqlite3.Connection, run_id: str, kinds: Iterable[str] | None) -> list[EventRow]:
     sql = 'SELECT id, run_id, t_unix, kind, severity, "window", message, data_json FROM events WHERE run_id = ?'
     args: list[Any] = [run_id]
     if kinds is not None:
@@ -200,7 +200,7 @@ def _q_events(conn: sqlite3.Connection, run_id: str, kinds: Iterable[str] | None
     return [EventRow(*r[:7], _loads(r[7])) for r in conn.execute(sql + " ORDER BY t_unix, id", args)]
 
 
-def _q_samples(conn: sqlite3.Connection, run_id: str, series: str | None, labels: Any) -> list[SampleRow]:
+def q_samples(conn: sqlite3.Connection, run_id: str, series: str | None, labels: Any) -> list[SampleRow]:
     sql = "SELECT series, labels, t_minute, count, mean, min, max, last FROM samples WHERE run_id = ?"
     args: list[Any] = [run_id]
     if series is not None:

@@ -21,6 +21,7 @@ from typing import Any
 
 from soakd import __version__
 from soakd.core.summary import WindowSummary
+from soakd.store import rows
 from soakd.store.rows import (
     EventRow,
     RunRow,
@@ -30,14 +31,6 @@ from soakd.store.rows import (
     _is_transient,
     _labels_key,
     _open_error,
-    _q_baseline,
-    _q_events,
-    _q_get_run,
-    _q_latest_unfinished,
-    _q_list_runs,
-    _q_samples,
-    _q_segments,
-    _q_windows,
 )
 from soakd.store.schema import (
     _STATE_DIR_HINT,
@@ -498,11 +491,11 @@ class _Writer:
             a = self.aggs.pop(k)
             by_run.setdefault(k[0], []).append((*k, a.count, a.total / a.count, a.min, a.max, a.last))
         error: StoreUnavailable | None = None
-        for run_id, rows in by_run.items():
-            t_seen = max(r[3] for r in rows) + self.sample_period
+        for run_id, batch in by_run.items():
+            t_seen = max(r[3] for r in batch) + self.sample_period
 
-            def fn(conn: sqlite3.Connection, rows: list[tuple[Any, ...]] = rows) -> None:
-                conn.executemany(_SAMPLE_UPSERT, rows)
+            def fn(conn: sqlite3.Connection, batch: list[tuple[Any, ...]] = batch) -> None:
+                conn.executemany(_SAMPLE_UPSERT, batch)
 
             try:
                 self.write(_Op("samples", run_id, min(t_seen, self.hwm.get(run_id, t_seen)), fn, durable=False))
@@ -523,28 +516,28 @@ class _Writer:
         return self.conn
 
     def get_run(self, run_id: str) -> RunRow | None:
-        return _q_get_run(self._c(), run_id)
+        return rows.q_get_run(self._c(), run_id)
 
     def list_runs(self) -> list[RunRow]:
-        return _q_list_runs(self._c())
+        return rows.q_list_runs(self._c())
 
     def latest_unfinished_run(self) -> RunRow | None:
-        return _q_latest_unfinished(self._c())
+        return rows.q_latest_unfinished(self._c())
 
     def load_segments(self, run_id: str) -> list[SegmentRow]:
-        return _q_segments(self._c(), run_id)
+        return rows.q_segments(self._c(), run_id)
 
     def load_windows(self, run_id: str, include_partial: bool) -> list[WindowSummary]:
-        return _q_windows(self._c(), run_id, include_partial)
+        return rows.q_windows(self._c(), run_id, include_partial)
 
     def load_baseline(self, run_id: str) -> tuple[int, WindowSummary] | None:
-        return _q_baseline(self._c(), run_id)
+        return rows.q_baseline(self._c(), run_id)
 
     def load_events(self, run_id: str, kinds: Iterable[str] | None) -> list[EventRow]:
-        return _q_events(self._c(), run_id, kinds)
+        return rows.q_events(self._c(), run_id, kinds)
 
     def load_samples(self, run_id: str, series: str | None, labels: Any) -> list[SampleRow]:
-        return _q_samples(self._c(), run_id, series, labels)
+        return rows.q_samples(self._c(), run_id, series, labels)
 
     def integrity_check(self) -> str:
         return "; ".join(str(r[0]) for r in self._c().execute("PRAGMA integrity_check"))

@@ -12,16 +12,19 @@ Set-up shared by every test (``SIM`` and ``soak_config``):
   throttle tests, after a 2 s warm-up) and ~175 per 1 s window (the others; fewer with a
   quiesce probe in each). Samplers every 0.25 s. Loopback only.
 
-Why these sizes make detection of a +10% step essentially certain (``analysis.drift`` defaults:
+Why these sizes make detection of a +25% step certain (``analysis.drift`` defaults:
 threshold 5%, 95% confidence, flagged only when the whole interval of the change lies beyond
 the threshold): ``tests/unit/test_analysis_drift.py`` needs 20,000 requests per window to flag +10%
 on a p50 and 3,000 to flag +15% on a p95 -- but its latencies are lognormal with sigma 0.5 (a
 50% spread). Here a request's e2e latency has a ~9% relative spread (3 independent jittered
 delays), a TTFT or a token gap 15%: at ~350 requests the 95% interval of a p50 is about +-1.2%
 (e2e) to +-2% (TTFT, ITL), the ratio's interval (both windows, plus the sketch's 0.25%) about
-+-2% to +-3%, so a +10% step measures +10% +- 3% and the whole interval clears 5% every time
-(measured: e2e_p50 +9% to +10%, interval from +7%), while a stationary window's (0% +- 3%) does
-not reach 5%.
++-2% to +-3%, so a +10% step measures +10% +- 3% -- and on a busy 2-core machine the windows
+also wander by a few percent, so that +10% was not flagged in a later window in about 1 run of
+7 (the step's interval dipping to +4.9%). These real-time tests prove the plumbing, with a step
+far beyond the noise: +25% measures +22% to +26%, its interval clears 5% by a wide margin,
+while a stationary window's (0% +- 3%) does not reach 5%. (Detection near the threshold is
+measured by benchmarks, on simulated time.)
 
 Why 2 s windows for the latency tests, 30 ms delays and only 16 requests in flight: the client
 and the simulator share one event loop, so a stall of the loop (a full garbage collection, or
@@ -250,8 +253,8 @@ def events(state_dir: Path, run_id: str) -> list[Any]:
 
 
 @pytest.mark.timeout(120)
-async def test_latency_step_of_ten_percent_is_flagged_within_two_windows(tmp_path: Path) -> None:
-    """+10% on every delay from the start of window 3 of 5 (2 s windows): a degraded latency drift
+async def test_latency_step_is_flagged_within_two_windows(tmp_path: Path) -> None:
+    """+25% on every delay from the start of window 3 of 5 (2 s windows): a degraded latency drift
     in window 3 (at the latest 4), nothing before it, the verdict FAIL."""
     k = 3
 
@@ -259,7 +262,7 @@ async def test_latency_step_of_ten_percent_is_flagged_within_two_windows(tmp_pat
         async with SimServer(SimConfig(**SIM)) as sim:
             soak = Soak(soak_config(sim, state_dir, windows=5, window=2.0, warmup=2.0))
             tl = await soak.timeline()
-            sim.config.faults.latency_step_pct = 10.0
+            sim.config.faults.latency_step_pct = 25.0
             sim.config.faults.latency_step_at = at_window(sim, tl, k)
             await soak.finish(40)
         return soak
@@ -284,7 +287,7 @@ async def test_latency_step_of_ten_percent_is_flagged_within_two_windows(tmp_pat
     for r in hits:
         assert r["ratio"] > 0.05 and r["ratio_ci"][0] > 0.05, r
     on_p50 = [r for r in hits if r["metric"].endswith("_p50")]
-    assert on_p50 and all(0.06 < r["ratio"] < 0.14 for r in on_p50), on_p50  # the step's size, measured
+    assert on_p50 and all(0.17 < r["ratio"] < 0.33 for r in on_p50), on_p50  # the step's size, measured
     print(f"\nstep: first flagged window {first} of step window {k}; requests/window "
           f"{[w['requests'] for w in windows]}; " + "; ".join(
               f"{r['metric']}/{r['reference']} {r['ratio']:+.3f} (CI {r['ratio_ci'][0]:+.3f}..{r['ratio_ci'][1]:+.3f})"
