@@ -6,7 +6,7 @@ For each sample size (requests per window: 100, 300, 1,000, 3,000, and 10,000 --
 2%, 5%, 8%, 15%, applied to the whole latency distribution: every request of the current
 window is that much slower), simulate many independent pairs of windows (a baseline and a
 current window), each request's end-to-end latency lognormal (median 1 s, sigma 0.5, a
-long-ish tail like real serving). Every window goes through a real DDSketch (1% relative
+long-ish tail like real serving). Every window goes through a real DDSketch (0.25% relative
 accuracy, ``soakd.analysis.sketch``), its p50/p95 intervals through
 ``soakd.analysis.stats.quantile_ci`` as at window close, and the pair through
 ``soakd.analysis.drift.compare`` with the default config (threshold 5%, 95% confidence,

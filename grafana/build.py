@@ -283,7 +283,7 @@ def overview() -> dict[str, Any]:
         latency_panel("Time to first token", "time_to_first_token_seconds", "Time to first token"),
         latency_panel("Inter-token latency", "inter_token_latency_seconds", "Gaps between streamed tokens"),
         timeseries("Window quantiles (analysis)",
-                   "p50/p95 of the last closed window from soakd's own sketches (1% relative error) — the "
+                   "p50/p95 of the last closed window from soakd's own sketches (0.25% relative error) — the "
                    "values drift is judged on. Steps at each window close.", "s",
                    [target(m("soakd_window_value", 'metric=~"(e2e|ttft|itl)_p.*"'),
                            "{{metric}}")], w=12, log=True),

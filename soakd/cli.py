@@ -380,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="OpenAI compatibility probe of a target")
     p.add_argument("-c", "--config", type=Path, default=os.environ.get("SOAKD_CONFIG"),
                    help="YAML configuration file whose target: section is probed; env SOAKD_CONFIG")
-    flags.add_arguments(p, flags=("--target", "--model", "--api-key-env", "--api-key-file", "--no-keep-alive"))
+    flags.add_arguments(p, flags=("--target", "--model", "--api-key-env", "--api-key-file"))
     p.add_argument("--timeout", default="60s", help="per-probe timeout (default 60s)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_check)

@@ -370,7 +370,7 @@ SnapshotSource = Callable[[], Iterable[Metric]]
 
 @dataclass
 class SoakMetrics:
-    """The daemon's metric state. One per daemon (and per test): never module-global."""
+    """The metric state of one soak. One per runtime (and per test): never module-global."""
 
     scenarios: tuple[str, ...]
     version: str = "0"

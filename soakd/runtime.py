@@ -173,7 +173,9 @@ class Runtime:
                                         on_answer=self._target_answered)
             if model is None:
                 self.status.phase = "done"
-                return self._outcome(self.stop_reason or "target_unreachable")
+                reason = self.stop_reason or "target_unreachable"
+                log.info("soakd_finished", run_id=self.run_id, stop_reason=reason, requests_measured=0)
+                return self._outcome(reason)
             self.status.model = model
             await self.session.start(model, self._server_kind())
             duration_left = cfg.run.duration - self.session.elapsed_before
@@ -261,7 +263,9 @@ class Runtime:
             # report.json/md/html into the run dir; a failure is logged, never fatal
             await write_final_reports(self.config.run.state_dir, self.run_id)
         out = self._outcome(reason, verdict)
-        log.info("soakd_finished", run_id=self.run_id, stop_reason=reason, requests_sent=out.requests_sent,
+        elapsed = self.load.timeline.elapsed(self.clock.monotonic()) if self.load is not None else 0.0
+        log.info("soakd_finished", run_id=self.run_id, stop_reason=reason, elapsed=round(elapsed, 3),
+                 requests_sent=out.requests_sent,
                  requests_measured=out.requests_measured, warmup_requests=out.warmup_requests,
                  outcomes={k: v for k, v in out.outcomes.items() if v}, windows=out.windows,
                  verdict=verdict.get("result"), reasons=verdict.get("reasons"),
@@ -271,13 +275,11 @@ class Runtime:
 
     def _outcome(self, reason: str, verdict: dict[str, Any] | None = None) -> RunOutcome:
         rec = self.load.recorder if self.load is not None else None
-        if rec is None:
-            log.info("soakd_finished", run_id=self.run_id, stop_reason=reason, requests_measured=0)
         m = self.metrics
         return RunOutcome(
             run_id=self.run_id, stop_reason=reason, verdict=verdict, resumed=self.session.resumed,
             requests_sent=rec.sent if rec else 0, requests_measured=rec.measured if rec else 0,
-            warmup_requests=int(sum(m.warmup_requests.values.values())), windows=len(self.analyzer.history),
+            warmup_requests=int(sum(m.warmup_requests.values.values())), windows=self.analyzer.history.count,
             outcomes={o: int(sum(m.requests.get(sc, o) for sc in self.scenarios)) for o in OUTCOMES},
             prompt_length_accuracy=rec.prompt_length_accuracy() if rec else None,
         )
@@ -335,7 +337,7 @@ class Runtime:
     async def _tick(self) -> None:
         """Progress, the outage so far, the windows that are due: through the pipeline."""
         ld = self.load
-        if ld is None:
+        if ld is None or self.status.phase == "done":  # after the final close: nothing is due
             return
         now = self.clock.monotonic()
         self.status.tick(now)

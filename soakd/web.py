@@ -1,4 +1,4 @@
-"""One aiohttp application on the daemon's event loop: /metrics, /healthz, /readyz, /status.
+"""One aiohttp application on soakd's event loop: /metrics, /healthz, /readyz, /status.
 
 /metrics only reads snapshots (no I/O in collect()). /healthz is liveness: the process is up
 and its event loop is not stalled (a heartbeat measures scheduling lag). /readyz is readiness:
@@ -91,7 +91,7 @@ def build_app(
 
 
 class WebServer:
-    """AppRunner + TCPSite inside the daemon's loop; port 0 picks a free port."""
+    """AppRunner + TCPSite inside soakd's loop; port 0 picks a free port."""
 
     def __init__(self, app: web.Application, host: str, port: int) -> None:
         self.app = app
@@ -108,9 +108,9 @@ class WebServer:
         except OSError:
             await self._runner.cleanup()
             raise
-        server = site._server  # noqa: SLF001 - the bound port when port=0
-        if server is not None and server.sockets:
-            self.port = server.sockets[0].getsockname()[1]
+        addresses = self._runner.addresses  # the bound port when port=0
+        if addresses:
+            self.port = int(addresses[0][1])
 
     @property
     def url(self) -> str:

@@ -9,7 +9,7 @@ intervals of ``soakd.analysis.stats``):
   absolute difference of the two error ratios (0.003 = 0.3 percentage points) and its default
   threshold is ``error_rate_threshold`` = 0.01 (one percentage point).
 * **Uncertainty.** Each window value carries a ``confidence`` interval: distribution-free
-  order-statistic intervals for quantiles (widened by the sketch's 1% relative accuracy),
+  order-statistic intervals for quantiles (widened by the sketch's 0.25% relative accuracy),
   Poisson / compound-Poisson intervals for requests/s and output tokens/s, Wilson intervals
   for error rates, a token-count + power interval for energy per token. The two intervals of a
   comparison combine into one for the ratio (``stats.ratio_ci``, log-space quadrature) or for
@@ -163,7 +163,7 @@ def metric_value(
 
     if spec.kind == "tokens_rate":
         value = src.output_tokens_per_second
-        tokens = float(src.completion_tokens)
+        tokens = float(src.completion_tokens) if src.completion_tokens is not None else value * (duration or 0.0)
         ci = (
             tokens_rate_ci(tokens, duration, src.completion_tokens_sumsq, ok, confidence)
             if duration
@@ -188,7 +188,7 @@ def metric_value(
     power = dev.power_watts
     ci = energy_per_token_ci(
         value,
-        float(window.completion_tokens),
+        float(window.completion_tokens or 0),
         window.completion_tokens_sumsq,
         ok,
         power.stdev if power else None,

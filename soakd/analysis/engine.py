@@ -43,13 +43,22 @@ class WindowHistory:
 
     def __init__(self, max_windows: int = 5000) -> None:
         self.closed: deque[Window] = deque(maxlen=max_windows)
+        self.count = 0  # windows ever added, beyond the bound too
+        self._requests = self._failed = 0  # over every full window, beyond the bound too
 
     def restore(self, windows: Iterable[Window]) -> None:
         self.closed.clear()
-        self.closed.extend(w for w in windows if not w.partial)
+        self.count = self._requests = self._failed = 0
+        for w in windows:
+            if not w.partial:
+                self.add(w)
 
     def add(self, w: Window) -> None:
         self.closed.append(w)
+        self.count += 1
+        if not w.partial:
+            self._requests += w.requests
+            self._failed += w.requests - int(w.outcomes.get("ok", 0)) - int(w.outcomes.get("cancelled", 0))
 
     @property
     def last(self) -> Window | None:
@@ -63,13 +72,9 @@ class WindowHistory:
         return len(self.closed)
 
     def error_rate(self) -> float | None:
-        """Run-wide share of failed measured requests over the full windows (cancelled ones are
-        not failures)."""
-        total = failed = 0
-        for w in self.full():
-            total += w.requests
-            failed += w.requests - int(w.outcomes.get("ok", 0)) - int(w.outcomes.get("cancelled", 0))
-        return failed / total if total else None
+        """Run-wide share of failed measured requests over every full window of the run (cancelled
+        ones are not failures)."""
+        return self._failed / self._requests if self._requests else None
 
 
 @dataclass

@@ -15,7 +15,6 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 from pydantic_settings import EnvSettingsSource
-from pydantic_settings.sources.utils import parse_env_vars
 
 from soakd.config.model import ConfigError, SoakConfig
 
@@ -34,7 +33,9 @@ class _EnvSource(EnvSettingsSource):
                          env_nested_delimiter="__", env_parse_none_str="null")
 
     def _load_env_vars(self) -> Mapping[str, str | None]:
-        return parse_env_vars(self._environ, False, False, "null")
+        """The mapping given, not ``os.environ`` (pydantic-settings' own dotenv source overrides
+        this method the same way): names lower-cased, ``null`` as None."""
+        return {k.lower(): (None if v == "null" else v) for k, v in self._environ.items()}
 
     def decode_complex_value(self, field_name: str, field: Any, value: Any) -> Any:
         try:

@@ -142,8 +142,8 @@ class ScenarioSummary(_Part):
     itl_seconds: Quantiles = Field(default_factory=Quantiles)
     requests_per_second: float = 0.0
     output_tokens_per_second: float = 0.0
-    completion_tokens: int = 0
-    completion_tokens_sumsq: float | None = 0.0
+    completion_tokens: int | None = None  # None: a document that lacks it (derived from the rate)
+    completion_tokens_sumsq: float | None = None  # None: a document that lacks it (rate CIs assume mean counts)
 
 
 class WindowSummary(_Part):
@@ -171,8 +171,8 @@ class WindowSummary(_Part):
     requests_per_second: float = 0.0
     output_tokens_per_second: float = 0.0
     prompt_tokens: int = 0
-    completion_tokens: int = 0
-    completion_tokens_sumsq: float | None = 0.0  # the sum of squared per-request token counts (rate CIs)
+    completion_tokens: int | None = None  # None: a document that lacks it (derived from the rate)
+    completion_tokens_sumsq: float | None = None  # the sum of squared per-request token counts (rate CIs)
     late_records: int = 0
     scenarios: dict[str, ScenarioSummary] = Field(default_factory=dict)
     device: DeviceSummary = Field(default_factory=DeviceSummary)

@@ -1,5 +1,5 @@
 """The final report of a run: JSON (what ``--baseline`` reads), Markdown and self-contained HTML
-with inline SVG charts. ``soakd report`` renders it from a state dir; the daemon writes all three
+with inline SVG charts. ``soakd report`` renders it from a state dir; the runtime writes all three
 into ``<state_dir>/<run_id>/`` at the end of every run (SIGTERM included)."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ log = structlog.get_logger("soakd")
 
 
 async def write_final_reports(state_dir: Path | str, run_id: str) -> dict[str, Path] | None:
-    """The daemon's end-of-run call: write the three reports in a worker thread (the store is read
+    """The runtime's end-of-run call: write the three reports in a worker thread (the store is read
     through its own read-only connection). A failure is logged, never raised: the run's data is in
     the store and ``soakd report --run ID`` can render it later."""
     try:

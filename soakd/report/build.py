@@ -24,7 +24,7 @@ from soakd.analysis.drift import baseline_from_report, choose_baseline
 from soakd.analysis.stats import as_float
 from soakd.config.analysis import DriftConfig
 from soakd.core.summary import WindowSummary
-from soakd.report.series import WINDOW_METRICS, _telemetry, _window_series
+from soakd.report.series import WINDOW_METRICS, telemetry, window_series
 from soakd.store import SegmentRow, StoreReader, segment_gaps
 
 __all__ = ["FINDING_GROUPS", "REPORT_SCHEMA", "ReportError", "build_report"]
@@ -373,8 +373,8 @@ def build_report(reader: StoreReader, run_id: str | None = None, *, generated_un
         "findings": findings,
         "troubleshooting": troubleshooting,
         "series": {
-            "windows": _window_series(windows, used, drift_cfg, run.created_unix),
-            "telemetry": _telemetry(reader, run.id, windows, run.created_unix),
+            "windows": window_series(windows, used, drift_cfg, run.created_unix),
+            "telemetry": telemetry(reader, run.id, windows, run.created_unix),
         },
         "windows": [w.dump() for w in windows],
     }

@@ -24,15 +24,15 @@ def _ms(v: float | None) -> str:
     return f"{ms:.2f}" if ms < 10 else f"{ms:.1f}" if ms < 100 else f"{ms:.0f}"
 
 
-def _n(v: float | None, spec: str) -> str:
+def fmt_num(v: float | None, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def _pct(v: float | None, spec: str = ".1f") -> str:
+def fmt_pct(v: float | None, spec: str = ".1f") -> str:
     return "-" if v is None else f"{format(v * 100, spec)}%"
 
 
-def _dur(seconds: float | None) -> str:
+def fmt_duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     s = int(round(seconds))
@@ -46,10 +46,10 @@ def _dur(seconds: float | None) -> str:
 def _errors(row: dict[str, Any]) -> str:
     if not row["errors"]:
         return "0"
-    return f"{row['errors']} ({_pct(row['error_rate'], '.2f')})"
+    return f"{row['errors']} ({fmt_pct(row['error_rate'], '.2f')})"
 
 
-def _load_text(load: dict[str, Any]) -> str:
+def load_text(load: dict[str, Any]) -> str:
     mix = load.get("mix") or {}
     mix_s = ", ".join(f"{k}={v:g}" if isinstance(v, int | float) else f"{k}={v}" for k, v in mix.items()) or "-"
     if load.get("concurrency") is not None:
@@ -61,28 +61,28 @@ def _load_text(load: dict[str, Any]) -> str:
     return f"{head}; mix {mix_s}"
 
 
-def _table_columns() -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
+def table_columns() -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
     return [
         ("window", lambda r: f"{r['window']}{'*' if r['partial'] else ''}"),
         ("start (UTC)", lambda r: (r["start"] or "-")[5:16].replace("T", " ")),
         ("requests", lambda r: str(r["requests"])),
-        ("req/s", lambda r: _n(r["requests_per_second"], ".2f")),
-        ("tok/s", lambda r: _n(r["output_tokens_per_second"], ".0f")),
+        ("req/s", lambda r: fmt_num(r["requests_per_second"], ".2f")),
+        ("tok/s", lambda r: fmt_num(r["output_tokens_per_second"], ".0f")),
         ("e2e p50 / p95 ms", lambda r: f"{_ms(r['e2e_p50'])} / {_ms(r['e2e_p95'])}"),
         ("TTFT p50 / p95 ms", lambda r: f"{_ms(r['ttft_p50'])} / {_ms(r['ttft_p95'])}"),
         ("ITL p50 / p95 ms", lambda r: f"{_ms(r['itl_p50'])} / {_ms(r['itl_p95'])}"),
         ("errors", _errors),
-        ("power W", lambda r: _n(r["power_watts"], ".0f")),
-        ("temp °C", lambda r: _n(r["temperature_celsius"], ".0f")),
-        ("SM MHz", lambda r: _n(r["sm_clock_mhz"], ".0f")),
-        ("memory GiB", lambda r: _n(r["memory_gib"], ".2f")),
-        ("KV %", lambda r: _pct(r["kv_cache_usage_ratio"])),
-        ("J/token", lambda r: _n(r["joules_per_token"], ".3f")),
+        ("power W", lambda r: fmt_num(r["power_watts"], ".0f")),
+        ("temp °C", lambda r: fmt_num(r["temperature_celsius"], ".0f")),
+        ("SM MHz", lambda r: fmt_num(r["sm_clock_mhz"], ".0f")),
+        ("memory GiB", lambda r: fmt_num(r["memory_gib"], ".2f")),
+        ("KV %", lambda r: fmt_pct(r["kv_cache_usage_ratio"])),
+        ("J/token", lambda r: fmt_num(r["joules_per_token"], ".3f")),
         ("notes", lambda r: ", ".join(r["notes"])),
     ]
 
 
-def _stability_rows(report: dict[str, Any]) -> list[list[str]]:
+def stability_rows(report: dict[str, Any]) -> list[list[str]]:
     stab = report["verdict"].get("stability") or {}
     base = report["series"]["windows"]["baseline"]
     rows = []
@@ -97,9 +97,9 @@ def _stability_rows(report: dict[str, Any]) -> list[list[str]]:
             WINDOW_METRICS.get(metric, metric),
             scale(base.get(metric)),
             scale(st.get("min")), scale(st.get("median")), scale(st.get("max")),
-            (_pct(st.get("spread"), ".2f") if not absolute else f"{_n((st.get('spread') or 0) * 100, '.2f')} pp")
+            (fmt_pct(st.get("spread"), ".2f") if not absolute else f"{fmt_num((st.get('spread') or 0) * 100, '.2f')} pp")
             if st.get("spread") is not None else "-",
-            (_pct(st.get("threshold"), ".0f") if not absolute else f"{_n(st.get('threshold', 0) * 100, '.0f')} pp"),
+            (fmt_pct(st.get("threshold"), ".0f") if not absolute else f"{fmt_num(st.get('threshold', 0) * 100, '.0f')} pp"),
             str(st.get("windows", "-")),
             verdict,
         ])  # fmt: skip
@@ -113,21 +113,21 @@ def _metric_formatter(metric: str) -> Callable[[float | None], str]:
     if metric.endswith(("_p50", "_p95", "_p99")):
         return lambda v: "-" if v is None else f"{_ms(v)} ms"
     if metric == "error_rate":
-        return lambda v: _pct(v, ".2f")
+        return lambda v: fmt_pct(v, ".2f")
     if metric == "energy_per_token":
-        return lambda v: _n(v, ".4f")
-    return lambda v: _n(v, ".2f")
+        return lambda v: fmt_num(v, ".4f")
+    return lambda v: fmt_num(v, ".2f")
 
 
-def _quiesce_rows(report: dict[str, Any]) -> list[list[str]]:
+def quiesce_rows(report: dict[str, Any]) -> list[list[str]]:
     rows = []
     for ev in report["findings"].get("quiesce", []):
         d = ev.get("evidence") or {}
         mem = d.get("memory_used_bytes")
         rows.append([str(ev.get("window")), (ev.get("at") or "-").replace("T", " ").rstrip("Z"),
-                     _pct(d.get("kv_cache_usage_ratio"), ".2f"),
-                     _n(mem / 2**30 if isinstance(mem, int | float) else None, ".2f"),
-                     "yes" if d.get("drained") else "no", _n(d.get("seconds"), ".1f")])
+                     fmt_pct(d.get("kv_cache_usage_ratio"), ".2f"),
+                     fmt_num(mem / 2**30 if isinstance(mem, int | float) else None, ".2f"),
+                     "yes" if d.get("drained") else "no", fmt_num(d.get("seconds"), ".1f")])
     return rows
 
 

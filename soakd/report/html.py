@@ -8,20 +8,20 @@ from collections.abc import Sequence
 from html import escape
 from typing import Any
 
-from soakd.report.series import WINDOW_METRICS
 from soakd.report.format import (
     ISSUE_KINDS,
     QUIESCE_HEAD,
     STABILITY_HEAD,
-    _dur,
-    _n,
-    _pct,
-    _quiesce_rows,
-    _stability_rows,
-    _table_columns,
     charts,
+    fmt_duration,
+    fmt_num,
+    fmt_pct,
+    quiesce_rows,
+    stability_rows,
+    table_columns,
 )
-from soakd.report.markdown import _facts
+from soakd.report.markdown import facts
+from soakd.report.series import WINDOW_METRICS
 from soakd.report.svg import empty_chart
 
 # ---------------------------------------------------------------------------------------------
@@ -98,7 +98,7 @@ def render_html(report: dict[str, Any]) -> str:
                  "throttle, canary or error-budget failure.</p>")
     P.append("</div></div>")
     P.append('<div class="card"><dl class="facts">' + "".join(f"<dt>{_h(k)}</dt><dd>{_h(val)}</dd>"
-                                                              for k, val in _facts(report)) + "</dl></div>")
+                                                              for k, val in facts(report)) + "</dl></div>")
 
     # charts
     ch = charts(report)
@@ -122,7 +122,7 @@ def render_html(report: dict[str, Any]) -> str:
 
     # per-window table
     P.append("<h2>Windows</h2>")
-    cols = _table_columns()
+    cols = table_columns()
     if report["table"]:
         classes = []
         for r in report["table"]:
@@ -139,7 +139,7 @@ def render_html(report: dict[str, Any]) -> str:
     else:
         P.append("<p>No window was closed (the run ended during warm-up, or never reached the target).</p>")
 
-    stab = _stability_rows(report)
+    stab = stability_rows(report)
     if stab:
         P.append("<h2>Stability</h2><p>Spread <code>(max − min) / median</code> over the full windows with enough "
                  "samples, against the method's limit (error rate: absolute, in percentage points). "
@@ -150,8 +150,8 @@ def render_html(report: dict[str, Any]) -> str:
         P.append("<h3>Recurring drops</h3><ul class=findings>")
         for metric, d in drops.items():
             P.append(f"<li><b>{_h(WINDOW_METRICS.get(metric, metric))}</b>: dips in windows {_h(d.get('dip_windows'))} "
-                     f"every {_h(_n(d.get('period_windows'), 'g'))} windows (~{_h(_dur(d.get('period_seconds')))}), "
-                     f"depth {_h(_pct(d.get('depth')))}: {_h(d.get('hint') or '')}</li>")
+                     f"every {_h(fmt_num(d.get('period_windows'), 'g'))} windows (~{_h(fmt_duration(d.get('period_seconds')))}), "
+                     f"depth {_h(fmt_pct(d.get('depth')))}: {_h(d.get('hint') or '')}</li>")
         P.append("</ul>")
 
     # findings
@@ -177,7 +177,7 @@ def render_html(report: dict[str, Any]) -> str:
         P.append(_html_table(["diagnosis", "seen", "what to check", "windows"],
                              [[f"{r['diagnosis']} ({r['severity']}, {r['count']}x)", r["seen"], r["check"],
                                ", ".join(str(w) for w in r["windows"]) or "-"] for r in ts], left=(0, 1, 2, 3)))
-    q = _quiesce_rows(report)
+    q = quiesce_rows(report)
     if q:
         P.append("<h2>Quiesce probes</h2><p>Load paused, server drained: KV-cache usage and device memory at idle.</p>")
         P.append(_html_table(QUIESCE_HEAD, q))

@@ -7,19 +7,19 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from soakd.report.series import WINDOW_METRICS
 from soakd.report.format import (
     ISSUE_KINDS,
     QUIESCE_HEAD,
     STABILITY_HEAD,
-    _dur,
-    _load_text,
-    _n,
-    _pct,
-    _quiesce_rows,
-    _stability_rows,
-    _table_columns,
+    fmt_duration,
+    fmt_num,
+    fmt_pct,
+    load_text,
+    quiesce_rows,
+    stability_rows,
+    table_columns,
 )
+from soakd.report.series import WINDOW_METRICS
 
 # ---------------------------------------------------------------------------------------------
 # Markdown
@@ -43,7 +43,7 @@ def _verdict_line(report: dict[str, Any]) -> str:
     return f"{res}{tail}"
 
 
-def _facts(report: dict[str, Any]) -> list[tuple[str, str]]:
+def facts(report: dict[str, Any]) -> list[tuple[str, str]]:
     run = report["run"]
     bi = report["baseline_info"]
     if bi["source"] == "external":
@@ -56,7 +56,7 @@ def _facts(report: dict[str, Any]) -> list[tuple[str, str]]:
         base += f" ({bi['note']})"
     gaps = run["gaps"]
     seg = f"{len(run['segments'])}" + (
-        "; gaps not observed: " + ", ".join(f"{g['from']} → {g['to']} ({_dur(g['seconds'])})" for g in gaps)
+        "; gaps not observed: " + ", ".join(f"{g['from']} → {g['to']} ({fmt_duration(g['seconds'])})" for g in gaps)
         if gaps else "")
     return [
         ("Run", run["id"]),
@@ -67,10 +67,10 @@ def _facts(report: dict[str, Any]) -> list[tuple[str, str]]:
         ("Started", str(run["started_at"] or "-")),
         ("Ended", f"{run['ended_at'] or '-'} ({run['stop_reason'] or 'no stop reason'})"),
         ("Status", str(run["state"])),
-        ("Length", f"{_dur(run['wall_seconds'])} wall clock, {_dur(run['observed_seconds'])} observed; planned "
+        ("Length", f"{fmt_duration(run['wall_seconds'])} wall clock, {fmt_duration(run['observed_seconds'])} observed; planned "
                    f"{run['planned_duration'] or '-'}, windows of {run['window'] or '-'}, "
                    f"warm-up {run['warmup'] or '-'}"),
-        ("Load", _load_text(run["load"])),
+        ("Load", load_text(run["load"])),
         ("Segments", seg),
         ("Baseline", base),
         ("Windows", f"{len(report['table'])}" + (" (* partial: cut short by the end of the run, reported, not judged)"
@@ -89,11 +89,11 @@ def render_markdown(report: dict[str, Any]) -> str:
         L.append("- no finding failed the run: no drift beyond the thresholds with confidence, no leak, "
                  "throttle, canary or error-budget failure")
     L.append("")
-    L += _md_table(["", ""], [[f"**{k}**", val] for k, val in _facts(report)])
+    L += _md_table(["", ""], [[f"**{k}**", val] for k, val in facts(report)])
     L.append("")
 
     L += ["## Windows", ""]
-    cols = _table_columns()
+    cols = table_columns()
     if report["table"]:
         L += _md_table([c[0] for c in cols], [[f(r) for _, f in cols] for r in report["table"]],
                        ["--:"] * 15 + ["---"])
@@ -105,7 +105,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     for note in report["series"]["telemetry"].get("notes") or []:
         L += [f"> {note}", ""]
 
-    stab = _stability_rows(report)
+    stab = stability_rows(report)
     if stab:
         L += ["## Stability", "",
               "Spread `(max - min) / median` over the full windows with enough samples, against the method's limit "
@@ -118,8 +118,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         L += ["### Recurring drops", ""]
         for metric, d in drops.items():
             L.append(f"- **{WINDOW_METRICS.get(metric, metric)}**: dips in windows {d.get('dip_windows')} every "
-                     f"{_n(d.get('period_windows'), 'g')} windows (~{_dur(d.get('period_seconds'))}), depth "
-                     f"{_pct(d.get('depth'))}: {d.get('hint') or ''}")
+                     f"{fmt_num(d.get('period_windows'), 'g')} windows (~{fmt_duration(d.get('period_seconds'))}), depth "
+                     f"{fmt_pct(d.get('depth'))}: {d.get('hint') or ''}")
         L.append("")
 
     L += ["## Findings", ""]
@@ -145,7 +145,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     ref = [e for e in canary if e["kind"] == "canary_reference"]
     if ref:
         L += [f"Canary reference output recorded at {ref[0]['at']}: {ref[0]['message']}.", ""]
-    q = _quiesce_rows(report)
+    q = quiesce_rows(report)
     if q:
         L += ["## Quiesce probes", "", "Load paused, server drained: KV-cache usage and device memory at idle.", ""]
         L += _md_table(QUIESCE_HEAD, q)

@@ -62,7 +62,7 @@ WINDOW_METRICS: dict[str, str] = {m: METRICS[m].label for m in (
     "output_tokens_per_second", "error_rate", "energy_per_token")}
 
 
-def _window_series(windows: list[WindowSummary], used_baseline: WindowSummary | None,
+def window_series(windows: list[WindowSummary], used_baseline: WindowSummary | None,
                    drift_cfg: DriftConfig, run_start: float) -> dict[str, Any]:
     xs = [w.window for w in windows]
     out: dict[str, Any] = {"window": xs, "partial": [w.partial for w in windows],
@@ -71,7 +71,7 @@ def _window_series(windows: list[WindowSummary], used_baseline: WindowSummary | 
     for metric in WINDOW_METRICS:
         vals = []
         for w in windows:
-            v, _ci, _n = metric_value(w, metric, confidence=drift_cfg.confidence)
+            v, _ci, fmt_num = metric_value(w, metric, confidence=drift_cfg.confidence)
             vals.append(_f(v))
         out["metrics"][metric] = vals
         base = _f(metric_value(used_baseline, metric)[0]) if used_baseline is not None else None
@@ -158,7 +158,7 @@ def _window_telemetry(windows: list[WindowSummary], run_start: float) -> dict[st
     return {"source": "windows", "period_seconds": None, "elapsed_seconds": t, "values": cols}
 
 
-def _telemetry(reader: StoreReader, run_id: str, windows: list[WindowSummary], run_start: float) -> dict[str, Any]:
+def telemetry(reader: StoreReader, run_id: str, windows: list[WindowSummary], run_start: float) -> dict[str, Any]:
     """Per-minute samples when the run has at least two minutes of them, else the window means."""
     tel, n_gpus = _samples_series(reader, run_id, run_start)
     if len(tel["elapsed_seconds"]) < 2:

@@ -4,9 +4,9 @@ vLLM's ``/metrics``, a latency/KV-cache model, simulated GPU(s) driven by the lo
 (``soakd sim``)."""
 
 from soakd.config.sim import SimConfig, SimDeviceConfig, SimFaults
+from soakd.sim.cli import add_sim_arguments, sim_config_from_args
 from soakd.sim.device import GpuReading, SimDevice
 from soakd.sim.model import SimModel
-from soakd.sim.cli import add_sim_arguments, sim_config_from_args
 from soakd.sim.server import SIM_STATE, SimServer, build_app, serve_forever
 from soakd.sim.text import count_chat_tokens, count_tokens
 

@@ -11,19 +11,19 @@ from typing import Any
 from aiohttp import web
 
 from soakd.sim.model import FaultPlan, SimRequest
-from soakd.sim.protocol import _Parsed
+from soakd.sim.protocol import ParsedRequest
 from soakd.sim.state import (
-    _CHAT_EMPTY_LAST,
-    _CHAT_POST,
-    _CHAT_POST_LAST,
-    _CHAT_PRE,
-    _CHAT_ROLE,
-    _CMPL_EMPTY_LAST,
-    _CMPL_POST,
-    _CMPL_POST_LAST,
-    _CMPL_PRE,
-    _DONE,
-    _SSE_HEADERS,
+    CHAT_EMPTY_LAST,
+    CHAT_POST,
+    CHAT_POST_LAST,
+    CHAT_PRE,
+    CHAT_ROLE,
+    CMPL_EMPTY_LAST,
+    CMPL_POST,
+    CMPL_POST_LAST,
+    CMPL_PRE,
+    DONE,
+    SSE_HEADERS,
     SimState,
 )
 from soakd.sim.text import (
@@ -36,7 +36,7 @@ from soakd.sim.text import (
 # ---------------------------------------------------------------------------- generation
 
 
-class _Exchange:
+class Exchange:
     """One completion request being served."""
 
     __slots__ = (
@@ -44,7 +44,7 @@ class _Exchange:
         "st", "t_arrival", "t_done", "t_first", "t_first_ns", "t_last", "texts", "tjson",
     )  # fmt: skip
 
-    def __init__(self, request: web.Request, st: SimState, p: _Parsed, plan: FaultPlan) -> None:
+    def __init__(self, request: web.Request, st: SimState, p: ParsedRequest, plan: FaultPlan) -> None:
         self.request = request
         self.st = st
         self.model = st.model
@@ -112,7 +112,7 @@ class _Exchange:
 
     async def open_stream(self) -> web.StreamResponse:
         """Send the SSE response headers at once (as vLLM does), before queueing/prefill."""
-        resp = web.StreamResponse(headers=_SSE_HEADERS)
+        resp = web.StreamResponse(headers=SSE_HEADERS)
         await resp.prepare(self.request)
         return resp
 
@@ -129,9 +129,9 @@ class _Exchange:
         head, tjson = self.head, self.tjson
         n = len(tjson)
         if p.chat:
-            pre, post, post_last = _CHAT_PRE, _CHAT_POST, _CHAT_POST_LAST
+            pre, post, post_last = CHAT_PRE, CHAT_POST, CHAT_POST_LAST
         else:
-            pre, post, post_last = _CMPL_PRE, _CMPL_POST, _CMPL_POST_LAST
+            pre, post, post_last = CMPL_PRE, CMPL_POST, CMPL_POST_LAST
         stall_at = plan.stall_at if plan.stall_at is not None else -1
         truncate_at = plan.truncate_at if plan.truncate_at is not None else -1
         malformed_at = plan.malformed_at if plan.malformed_at is not None else -1
@@ -158,7 +158,7 @@ class _Exchange:
                 self._abort_connection()
                 return resp
             if i == 0 and p.chat:
-                buf.append(head + _CHAT_ROLE)
+                buf.append(head + CHAT_ROLE)
             chunk = head + pre + tjson[i] + (post_last if i == n - 1 else post)
             if i == malformed_at:
                 chunk = chunk[: len(chunk) // 2] + b"\n\n"
@@ -169,15 +169,15 @@ class _Exchange:
             if delay > 0:
                 await asyncio.sleep(delay)
             if p.chat:
-                buf.append(head + _CHAT_ROLE + head + _CHAT_EMPTY_LAST)
+                buf.append(head + CHAT_ROLE + head + CHAT_EMPTY_LAST)
             else:
-                buf.append(head + _CMPL_EMPTY_LAST)
+                buf.append(head + CMPL_EMPTY_LAST)
             self.t_first = loop.time()
             self.t_first_ns = time.perf_counter_ns()
         if p.include_usage:
             usage = json.dumps(self._usage(n), separators=(",", ":")).encode()
             buf.append(head[: -len(b'[{"index":0,')] + b'[],"usage":' + usage + b"}\n\n")
-        buf.append(_DONE)
+        buf.append(DONE)
         await resp.write(b"".join(buf))
         self._mark_emitted(n, pending)
         self.reason = "length" if n else "stop"

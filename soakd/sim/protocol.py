@@ -33,11 +33,11 @@ def error_response(
     return web.json_response(body, status=status, headers=headers)
 
 
-def _bad_request(message: str, param: str | None = None) -> web.Response:
+def bad_request(message: str, param: str | None = None) -> web.Response:
     return error_response(400, message, "invalid_request_error", param=param)
 
 
-class _Invalid(Exception):
+class InvalidRequest(Exception):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
@@ -49,9 +49,9 @@ def _opt_int(body: dict[str, Any], name: str, minimum: int) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _Invalid(f"'{name}' must be an integer, got {value!r}", name)
+        raise InvalidRequest(f"'{name}' must be an integer, got {value!r}", name)
     if value < minimum:
-        raise _Invalid(f"'{name}' must be at least {minimum}, got {value}", name)
+        raise InvalidRequest(f"'{name}' must be at least {minimum}, got {value}", name)
     return value
 
 
@@ -59,34 +59,34 @@ def _opt_bool(body: dict[str, Any], name: str) -> bool | None:
     value = body.get(name)
     if value is None or isinstance(value, bool):
         return value
-    raise _Invalid(f"'{name}' must be a boolean, got {value!r}", name)
+    raise InvalidRequest(f"'{name}' must be a boolean, got {value!r}", name)
 
 
-class _Parsed:
+class ParsedRequest:
     __slots__ = (
         "chat", "code", "deterministic", "include_usage", "max_tokens", "model", "prompt_text",
         "prompt_tokens", "seed", "stream",
     )  # fmt: skip
 
 
-def _parse(body: dict[str, Any], chat: bool, cfg: SimConfig) -> _Parsed:
-    p = _Parsed()
+def parse_request(body: dict[str, Any], chat: bool, cfg: SimConfig) -> ParsedRequest:
+    p = ParsedRequest()
     p.chat = chat
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        raise _Invalid("'model' must be a string", "model")
+        raise InvalidRequest("'model' must be a string", "model")
     p.model = model
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
-            raise _Invalid("'messages' is required and must be a non-empty list", "messages")
+            raise InvalidRequest("'messages' is required and must be a non-empty list", "messages")
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-                raise _Invalid(f"messages[{i}] must be an object with a string 'role'", "messages")
+                raise InvalidRequest(f"messages[{i}] must be an object with a string 'role'", "messages")
             try:
                 message_text(message.get("content"))
             except TypeError as exc:
-                raise _Invalid(f"messages[{i}]: {exc}", "messages") from None
+                raise InvalidRequest(f"messages[{i}]: {exc}", "messages") from None
         p.prompt_tokens = count_chat_tokens(messages)
         p.prompt_text = chat_prompt_text(messages)
         last = message_text(messages[-1].get("content"))
@@ -108,9 +108,9 @@ def _parse(body: dict[str, Any], chat: bool, cfg: SimConfig) -> _Parsed:
             p.prompt_text = ",".join(map(str, prompt))
             p.code = False
         elif prompt is None:
-            raise _Invalid("'prompt' is required", "prompt")
+            raise InvalidRequest("'prompt' is required", "prompt")
         else:
-            raise _Invalid(
+            raise InvalidRequest(
                 "'prompt' must be a string or a list of token ids "
                 "(the simulator takes one prompt per request)",
                 "prompt",
@@ -118,7 +118,7 @@ def _parse(body: dict[str, Any], chat: bool, cfg: SimConfig) -> _Parsed:
     p.stream = bool(_opt_bool(body, "stream"))
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
-        raise _Invalid("'stream_options' must be an object", "stream_options")
+        raise InvalidRequest("'stream_options' must be an object", "stream_options")
     p.include_usage = bool(_opt_bool(options or {}, "include_usage"))
     max_tokens = _opt_int(body, "max_completion_tokens", 1) if chat else None
     if max_tokens is None:
@@ -127,7 +127,7 @@ def _parse(body: dict[str, Any], chat: bool, cfg: SimConfig) -> _Parsed:
     _opt_bool(body, "ignore_eos")
     n = _opt_int(body, "n", 1)
     if n not in (None, 1):
-        raise _Invalid("the simulator supports n=1 only", "n")
+        raise InvalidRequest("the simulator supports n=1 only", "n")
     p.seed = _opt_int(body, "seed", -(2**63))
     temperature = body.get("temperature")
     if temperature is not None and (
@@ -135,13 +135,13 @@ def _parse(body: dict[str, Any], chat: bool, cfg: SimConfig) -> _Parsed:
         or not isinstance(temperature, (int, float))
         or temperature < 0
     ):
-        raise _Invalid("'temperature' must be a number >= 0", "temperature")
+        raise InvalidRequest("'temperature' must be a number >= 0", "temperature")
     p.deterministic = temperature == 0 or p.seed is not None
     room = cfg.max_model_len - p.prompt_tokens
     if max_tokens is None:
         max_tokens = min(cfg.default_max_tokens, room)
     if max_tokens < 1 or max_tokens > room:
-        raise _Invalid(
+        raise InvalidRequest(
             f"This model's maximum context length is {cfg.max_model_len} tokens. However, you "
             f"requested {p.prompt_tokens + max(max_tokens, 0)} tokens ({p.prompt_tokens} in the "
             f"messages, {max(max_tokens, 0)} in the completion). Please reduce the length of the "

@@ -35,9 +35,9 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from soakd import __version__
 from soakd.config.sim import SimConfig
 from soakd.sim.device import SimDevice, dcgm_exposition
-from soakd.sim.exchange import _Exchange
+from soakd.sim.exchange import Exchange
 from soakd.sim.model import SimModel
-from soakd.sim.protocol import _bad_request, _Invalid, _parse, error_response
+from soakd.sim.protocol import InvalidRequest, bad_request, error_response, parse_request
 from soakd.sim.state import RECENT_MAXLEN, SIM_STATE, RecentEntry, SimState
 
 __all__ = [
@@ -77,13 +77,13 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     try:
         body = json.loads(await request.read())
     except (ValueError, UnicodeDecodeError):
-        return _bad_request("The request body is not valid JSON.")
+        return bad_request("The request body is not valid JSON.")
     if not isinstance(body, dict):
-        return _bad_request("The request body must be a JSON object.")
+        return bad_request("The request body must be a JSON object.")
     try:
-        parsed = _parse(body, chat, st.config)
-    except _Invalid as exc:
-        return _bad_request(exc.message, exc.param)
+        parsed = parse_request(body, chat, st.config)
+    except InvalidRequest as exc:
+        return bad_request(exc.message, exc.param)
     if parsed.model is not None and parsed.model != st.config.model:
         return error_response(
             404,
@@ -106,7 +106,7 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
             code="rate_limit_exceeded",
             headers={"Retry-After": "1"},
         )
-    ex = _Exchange(request, st, parsed, plan)
+    ex = Exchange(request, st, parsed, plan)
     task = asyncio.current_task()
     if task is not None:
         st.tasks.add(task)

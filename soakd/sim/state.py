@@ -16,27 +16,27 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from soakd.config.sim import SimConfig
-from soakd.sim.device import SimDevice
 from soakd.sim.collector import SimCollector
+from soakd.sim.device import SimDevice
 from soakd.sim.model import SimModel
 
 RECENT_MAXLEN = 10_000
 RecentEntry = tuple[str, int, "int | None", int]
 """``(request_id, t_received_ns, t_first_token_ns, t_done_ns)``, all ``perf_counter_ns``."""
 
-_SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
-_DONE = b"data: [DONE]\n\n"
-_CHAT_ROLE = (
+SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+DONE = b"data: [DONE]\n\n"
+CHAT_ROLE = (
     b'"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
 )
-_CHAT_PRE = b'"delta":{"content":'
-_CHAT_POST = b'},"logprobs":null,"finish_reason":null}]}\n\n'
-_CHAT_POST_LAST = b'},"logprobs":null,"finish_reason":"length","stop_reason":null}]}\n\n'
-_CHAT_EMPTY_LAST = b'"delta":{},"logprobs":null,"finish_reason":"stop","stop_reason":null}]}\n\n'
-_CMPL_PRE = b'"text":'
-_CMPL_POST = b',"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
-_CMPL_POST_LAST = b',"logprobs":null,"finish_reason":"length","stop_reason":null}]}\n\n'
-_CMPL_EMPTY_LAST = b'"text":"","logprobs":null,"finish_reason":"stop","stop_reason":null}]}\n\n'
+CHAT_PRE = b'"delta":{"content":'
+CHAT_POST = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+CHAT_POST_LAST = b'},"logprobs":null,"finish_reason":"length","stop_reason":null}]}\n\n'
+CHAT_EMPTY_LAST = b'"delta":{},"logprobs":null,"finish_reason":"stop","stop_reason":null}]}\n\n'
+CMPL_PRE = b'"text":'
+CMPL_POST = b',"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
+CMPL_POST_LAST = b',"logprobs":null,"finish_reason":"length","stop_reason":null}]}\n\n'
+CMPL_EMPTY_LAST = b'"text":"","logprobs":null,"finish_reason":"stop","stop_reason":null}]}\n\n'
 
 
 class SimState:

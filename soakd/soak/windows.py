@@ -28,6 +28,7 @@ class WindowSet:
         self.open: dict[int, OpenWindow] = {}
         self.last_closed = timeline.first_index - 2  # index of the last window closed
         self.closed_count = 0
+        self.ended = False  # the final close happened: no window opens or closes after it
 
     # ---- the windows
     def window_for(self, index: int) -> OpenWindow:
@@ -47,7 +48,7 @@ class WindowSet:
 
     def accepts(self, index: int) -> bool:
         """Whether samples of window ``index`` are still taken (a window of this segment, not closed)."""
-        return index >= self.timeline.first_index and index > self.last_closed
+        return not self.ended and index >= self.timeline.first_index and index > self.last_closed
 
     # ---- what comes in
     def started(self, rec: RequestRecord) -> None:
@@ -112,6 +113,9 @@ class WindowSet:
         """Close every window that has ended and drained (or waited ``patience``). ``final``: the
         run is over; close all, the unfinished one marked partial."""
         out: list[WindowSummary] = []
+        if self.ended:
+            return out
+        self.ended = final
         tl = self.timeline
         upto = tl.window_at(min(now, tl.end - 1e-9))
         for k in range(self.last_closed + 1, upto + 1):

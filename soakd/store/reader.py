@@ -12,16 +12,16 @@ from urllib.request import pathname2url
 from soakd.core.summary import WindowSummary
 from soakd.store import rows
 from soakd.store.rows import (
-    _SQLITE_CANTOPEN,
-    _SQLITE_READONLY,
+    SQLITE_CANTOPEN,
+    SQLITE_READONLY,
     EventRow,
     RunRow,
     SampleRow,
     SegmentRow,
-    _errcode,
-    _open_error,
+    errcode,
+    open_error,
 )
-from soakd.store.schema import BUSY_TIMEOUT_MS, DB_NAME, SCHEMA_VERSION, StoreError, _user_version, migrate
+from soakd.store.schema import BUSY_TIMEOUT_MS, DB_NAME, SCHEMA_VERSION, StoreError, migrate, user_version
 
 # --------------------------------------------------------------------------------------------
 # the synchronous read-only face, for `soakd report` and tools
@@ -38,7 +38,7 @@ class StoreReader:
             raise StoreError(f"no soakd state at {p} ({DB_NAME} not found); pass the --state-dir the run used")
         self.conn = self._connect(db)
         try:
-            version = _user_version(self.conn)
+            version = user_version(self.conn)
             if version > SCHEMA_VERSION:
                 migrate(self.conn, db)  # refuses with the 'written by a newer soakd' message
             elif version < SCHEMA_VERSION:
@@ -47,7 +47,7 @@ class StoreReader:
                 self.conn = self._connect(db)
         except sqlite3.Error as exc:
             self.conn.close()
-            raise _open_error(db, exc) from None
+            raise open_error(db, exc) from None
         except BaseException:
             self.conn.close()
             raise
@@ -60,8 +60,8 @@ class StoreReader:
             conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
             return conn
         except sqlite3.OperationalError as exc:
-            if _errcode(exc) not in (_SQLITE_CANTOPEN, _SQLITE_READONLY):
-                raise _open_error(db, exc) from None
+            if errcode(exc) not in (SQLITE_CANTOPEN, SQLITE_READONLY):
+                raise open_error(db, exc) from None
         # a WAL database in a directory we cannot write (a copied artifact, a read-only mount) and
         # no -shm file: nobody can be writing it, so read it as immutable
         try:
@@ -69,7 +69,7 @@ class StoreReader:
             conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
             return conn
         except sqlite3.Error as exc:
-            raise _open_error(db, exc) from None
+            raise open_error(db, exc) from None
 
     @staticmethod
     def _upgrade(db: Path, version: int) -> None:

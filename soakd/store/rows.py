@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from soakd.core.summary import WindowSummary
-from soakd.store.schema import _STATE_DIR_HINT, StoreError
+from soakd.store.schema import STATE_DIR_HINT, StoreError
 
 # --------------------------------------------------------------------------------------------
 # rows returned to callers
@@ -88,7 +88,7 @@ def hash_config(config: Mapping[str, Any] | str) -> str:
             config = json.loads(config)
         except ValueError:
             return hashlib.sha256(config.encode()).hexdigest()
-    return hashlib.sha256(_dumps(config, sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(to_json(config, sort_keys=True).encode()).hexdigest()
 
 
 def segment_gaps(segments: Sequence[SegmentRow]) -> list[tuple[float, float]]:
@@ -104,26 +104,26 @@ def segment_gaps(segments: Sequence[SegmentRow]) -> list[tuple[float, float]]:
 # helpers shared by the writer and the reader
 
 
-def _finite(obj: Any) -> Any:
+def finite(obj: Any) -> Any:
     """JSON-safe copy: NaN/inf become null (so SQLite's json functions can read every row)."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, Mapping):
-        return {str(k): _finite(v) for k, v in obj.items()}
+        return {str(k): finite(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return [_finite(v) for v in obj]
+        return [finite(v) for v in obj]
     return obj
 
 
-def _dumps(obj: Any, *, sort_keys: bool = False) -> str:
-    return json.dumps(_finite(obj), separators=(",", ":"), sort_keys=sort_keys, default=str, allow_nan=False)
+def to_json(obj: Any, *, sort_keys: bool = False) -> str:
+    return json.dumps(finite(obj), separators=(",", ":"), sort_keys=sort_keys, default=str, allow_nan=False)
 
 
-def _loads(text: str | None) -> Any:
+def from_json(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
 
-def _labels_key(labels: Mapping[str, Any] | Iterable[tuple[str, Any]] | None) -> str:
+def labels_key(labels: Mapping[str, Any] | Iterable[tuple[str, Any]] | None) -> str:
     if not labels:
         return "{}"
     items = labels.items() if isinstance(labels, Mapping) else labels
@@ -141,7 +141,7 @@ _RUN_SELECT = """
 
 
 def _run_row(row: Sequence[Any]) -> RunRow:
-    return RunRow(*row[:12], _loads(row[12]), *row[13:16])  # type: ignore[arg-type]
+    return RunRow(*row[:12], from_json(row[12]), *row[13:16])  # type: ignore[arg-type]
 
 
 def q_get_run(conn: sqlite3.Connection, run_id: str) -> RunRow | None:
@@ -197,7 +197,7 @@ def q_events(conn: sqlite3.Connection, run_id: str, kinds: Iterable[str] | None)
         kinds = list(kinds)
         sql += f" AND kind IN ({','.join('?' * len(kinds))})"
         args += kinds
-    return [EventRow(*r[:7], _loads(r[7])) for r in conn.execute(sql + " ORDER BY t_unix, id", args)]
+    return [EventRow(*r[:7], from_json(r[7])) for r in conn.execute(sql + " ORDER BY t_unix, id", args)]
 
 
 def q_samples(conn: sqlite3.Connection, run_id: str, series: str | None, labels: Any) -> list[SampleRow]:
@@ -208,34 +208,34 @@ def q_samples(conn: sqlite3.Connection, run_id: str, series: str | None, labels:
         args.append(series)
     if labels is not None:
         sql += " AND labels = ?"
-        args.append(_labels_key(labels))
+        args.append(labels_key(labels))
     rows = conn.execute(sql + " ORDER BY series, labels, t_minute", args)
     return [SampleRow(r[0], json.loads(r[1]), *r[2:]) for r in rows]
 
 
 # error codes (primary, low byte) that mean "cannot write right now", not "bad request"
-_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY, _SQLITE_IOERR = 5, 6, 8, 10
-_SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_PROTOCOL, _SQLITE_NOTADB = 11, 13, 14, 15, 26
-_TRANSIENT = {_SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_FULL, _SQLITE_CANTOPEN,
-              _SQLITE_PROTOCOL}
+SQLITE_BUSY, SQLITE_LOCKED, SQLITE_READONLY, SQLITE_IOERR = 5, 6, 8, 10
+SQLITE_CORRUPT, SQLITE_FULL, SQLITE_CANTOPEN, SQLITE_PROTOCOL, SQLITE_NOTADB = 11, 13, 14, 15, 26
+_TRANSIENT = {SQLITE_BUSY, SQLITE_LOCKED, SQLITE_READONLY, SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN,
+              SQLITE_PROTOCOL}
 _TRANSIENT_TEXT = ("disk is full", "disk i/o error", "unable to open", "readonly database", "database is locked")
 
 
-def _errcode(exc: sqlite3.Error) -> int | None:
+def errcode(exc: sqlite3.Error) -> int | None:
     code = getattr(exc, "sqlite_errorcode", None)
     return None if code is None else code & 0xFF
 
 
-def _is_transient(exc: BaseException) -> bool:
+def is_transient(exc: BaseException) -> bool:
     if not isinstance(exc, sqlite3.Error):
         return False
-    code = _errcode(exc)
+    code = errcode(exc)
     if code is not None:
         return code in _TRANSIENT
     return any(t in str(exc).lower() for t in _TRANSIENT_TEXT)
 
 
-def _dir_error(state_dir: Path, exc: OSError) -> StoreError:
+def dir_error(state_dir: Path, exc: OSError) -> StoreError:
     what = {
         errno.EACCES: "permission denied",
         errno.EPERM: "operation not permitted",
@@ -248,21 +248,21 @@ def _dir_error(state_dir: Path, exc: OSError) -> StoreError:
     elif isinstance(exc, NotADirectoryError) or exc.errno == errno.ENOTDIR:
         blocker = next((p for p in [state_dir, *state_dir.parents] if p.exists() and not p.is_dir()), None)
         what = f"{blocker} is a file, not a directory" if blocker else "a part of the path is not a directory"
-    return StoreError(f"state dir {state_dir} is not writable: {what}; {_STATE_DIR_HINT}")
+    return StoreError(f"state dir {state_dir} is not writable: {what}; {STATE_DIR_HINT}")
 
 
-def _open_error(db: Path, exc: sqlite3.Error) -> StoreError:
-    code = _errcode(exc)
-    if code in (_SQLITE_NOTADB, _SQLITE_CORRUPT):
+def open_error(db: Path, exc: sqlite3.Error) -> StoreError:
+    code = errcode(exc)
+    if code in (SQLITE_NOTADB, SQLITE_CORRUPT):
         what = f"{db} is not a SQLite database or is corrupt ({exc}); move it aside (a fresh one is created) or"
-    elif code == _SQLITE_CANTOPEN and db.is_dir():
+    elif code == SQLITE_CANTOPEN and db.is_dir():
         what = f"{db} is a directory, not a database file; remove it or"
-    elif code == _SQLITE_READONLY:
+    elif code == SQLITE_READONLY:
         what = f"{db} is read-only ({exc}: file permissions or a read-only mount);"
-    elif code == _SQLITE_FULL:
+    elif code == SQLITE_FULL:
         what = f"cannot write {db}: the disk is full ({exc}); free space or"
-    elif code == _SQLITE_BUSY:
+    elif code == SQLITE_BUSY:
         what = f"{db} is locked by another process ({exc}); stop it or"
     else:
         what = f"cannot open {db} ({type(exc).__name__}: {exc});"
-    return StoreError(f"{what} {_STATE_DIR_HINT}")
+    return StoreError(f"{what} {STATE_DIR_HINT}")

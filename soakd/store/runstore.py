@@ -12,9 +12,9 @@ from typing import Any
 
 from soakd import __version__
 from soakd.core.summary import WindowSummary
-from soakd.store.rows import EventRow, RunRow, SampleRow, SegmentRow, _dumps, hash_config
+from soakd.store.rows import EventRow, RunRow, SampleRow, SegmentRow, hash_config, to_json
 from soakd.store.schema import PENDING_LIMIT, RUN_STATUSES, SAMPLE_PERIOD, SCHEMA_VERSION, SEVERITIES, StoreError
-from soakd.store.writer import _Writer
+from soakd.store.writer import Writer
 
 # --------------------------------------------------------------------------------------------
 # the public, async face
@@ -24,7 +24,7 @@ class RunStore:
     """The soak's SQLite store. Open with ``await RunStore.open(state_dir)``; every method is a
     coroutine that runs on the store's own thread; writes are committed before they return."""
 
-    def __init__(self, writer: _Writer, executor: ThreadPoolExecutor,
+    def __init__(self, writer: Writer, executor: ThreadPoolExecutor,
                  on_state_change: Callable[[bool, str | None], None] | None) -> None:
         self._w = writer
         self._executor = executor
@@ -43,7 +43,7 @@ class RunStore:
         failing (False) and when the queued writes have been replayed (True)."""
         if sample_period <= 0 or pending_limit < 1:
             raise ValueError("sample_period and pending_limit must be positive")
-        writer = _Writer(Path(state_dir), int(sample_period), int(pending_limit))
+        writer = Writer(Path(state_dir), int(sample_period), int(pending_limit))
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="soakd-store")
         try:
             await asyncio.get_running_loop().run_in_executor(executor, writer.open)
@@ -112,7 +112,7 @@ class RunStore:
                          version: str = __version__, *, created_unix: float | None = None) -> RunRow:
         """A new run (status 'running'). Not queued when the disk fails: a run that cannot be
         recorded should not start. ``config_hash`` defaults to :func:`hash_config` of the config."""
-        text = config_json if isinstance(config_json, str) else _dumps(config_json, sort_keys=True)
+        text = config_json if isinstance(config_json, str) else to_json(config_json, sort_keys=True)
         chash = config_hash or hash_config(text)
         t = time.time() if created_unix is None else created_unix
         return await self._call(self._w.create_run, run_id, text, chash, target, model, server_kind, version, t)
@@ -169,7 +169,7 @@ class RunStore:
         end = end_unix
         if end is None and start is not None and summary.get("duration_seconds") is not None:
             end = float(start) + float(summary["duration_seconds"])
-        text = _dumps(summary)
+        text = to_json(summary)
         return await self._call(self._w.save_window, run_id, int(idx), int(segment), text, is_partial, start, end,
                                 time.time())
 
@@ -178,14 +178,14 @@ class RunStore:
         return await self._call(self._w.load_windows, run_id, include_partial)
 
     async def set_baseline(self, run_id: str, idx: int, summary: WindowSummary | Mapping[str, Any]) -> None:
-        await self._call(self._w.set_baseline, run_id, int(idx), _dumps(_doc(summary)), time.time())
+        await self._call(self._w.set_baseline, run_id, int(idx), to_json(_doc(summary)), time.time())
 
     async def load_baseline(self, run_id: str) -> tuple[int, WindowSummary] | None:
         """(window index, summary) of the run's baseline, or None before one was chosen."""
         return await self._call(self._w.load_baseline, run_id)
 
     async def set_verdict(self, run_id: str, verdict: Mapping[str, Any]) -> None:
-        await self._call(self._w.set_verdict, run_id, _dumps(verdict), time.time())
+        await self._call(self._w.set_verdict, run_id, to_json(verdict), time.time())
 
     # ---- events
     async def add_event(self, run_id: str, kind: str, severity: str, message: str,
@@ -199,7 +199,7 @@ class RunStore:
             raise ValueError(f"severity must be one of {', '.join(SEVERITIES)}, not {severity!r}")
         t = time.time() if t_unix is None else t_unix
         return await self._call(self._w.add_event, run_id, t, kind, severity, window, message,
-                                None if data is None else _dumps(data))
+                                None if data is None else to_json(data))
 
     async def load_events(self, run_id: str, kinds: Iterable[str] | None = None) -> list[EventRow]:
         """Events in time order (insertion order among equal times)."""

@@ -25,7 +25,7 @@ EVENT_KINDS = (
     "run_started", "run_resumed", "run_finished", "drift", "leak", "throttle", "canary",
     "target_down", "target_up", "sampler_down", "sampler_up", "store_unavailable", "store_recovered",
 )
-_STATE_DIR_HINT = (
+STATE_DIR_HINT = (
     "pass --state-dir (SOAKD_RUN__STATE_DIR) with a writable directory; "
     "in Kubernetes mount a PVC or emptyDir there (the container default is /var/lib/soakd)"
 )
@@ -147,13 +147,13 @@ MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_migrate_to_v1, 
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-def _user_version(conn: sqlite3.Connection) -> int:
+def user_version(conn: sqlite3.Connection) -> int:
     return int(conn.execute("PRAGMA user_version").fetchone()[0])
 
 
 def migrate(conn: sqlite3.Connection, db: Path | str, target: int = SCHEMA_VERSION) -> list[int]:
     """Bring a connection (autocommit mode) to schema ``target``; returns the versions applied."""
-    current = _user_version(conn)
+    current = user_version(conn)
     if current > SCHEMA_VERSION:
         raise StoreError(
             f"{db} was written by a newer soakd (schema v{current}; this soakd {__version__} knows up to "
@@ -163,7 +163,7 @@ def migrate(conn: sqlite3.Connection, db: Path | str, target: int = SCHEMA_VERSI
     for version in range(current, target):
         conn.execute("BEGIN IMMEDIATE")
         try:
-            if _user_version(conn) != version:  # someone else migrated meanwhile
+            if user_version(conn) != version:  # someone else migrated meanwhile
                 conn.execute("ROLLBACK")
                 continue
             MIGRATIONS[version](conn)

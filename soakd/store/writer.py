@@ -27,18 +27,18 @@ from soakd.store.rows import (
     RunRow,
     SampleRow,
     SegmentRow,
-    _dir_error,
-    _is_transient,
-    _labels_key,
-    _open_error,
+    dir_error,
+    is_transient,
+    labels_key,
+    open_error,
 )
 from soakd.store.schema import (
-    _STATE_DIR_HINT,
     BUSY_TIMEOUT_MS,
     DB_NAME,
     JOURNAL_SIZE_LIMIT,
     LOCK_NAME,
     SAMPLE_GRACE,
+    STATE_DIR_HINT,
     StoreError,
     StoreUnavailable,
     migrate,
@@ -91,7 +91,7 @@ _SAMPLE_UPSERT = """
 """
 
 
-class _Writer:
+class Writer:
     """Owns the connection. Not thread-safe by design: only the store's executor thread calls it."""
 
     def __init__(self, state_dir: Path, sample_period: int, pending_limit: int) -> None:
@@ -143,7 +143,7 @@ class _Writer:
                 except FileNotFoundError:
                     pass
         except OSError as exc:
-            raise _dir_error(d, exc) from None
+            raise dir_error(d, exc) from None
 
     def _lock(self) -> None:
         if fcntl is None:  # pragma: no cover
@@ -152,7 +152,7 @@ class _Writer:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise _dir_error(self.state_dir, exc) from None
+            raise dir_error(self.state_dir, exc) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -167,7 +167,7 @@ class _Writer:
                     f"state dir {self.state_dir} is in use by another soakd ({who}); one soakd writes one state "
                     "dir: stop the other one, or give this one its own --state-dir"
                 ) from None
-            raise _dir_error(self.state_dir, exc) from None
+            raise dir_error(self.state_dir, exc) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self.lock_fd = fd
@@ -177,7 +177,7 @@ class _Writer:
         try:
             conn = sqlite3.connect(db, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
         except sqlite3.Error as exc:
-            raise _open_error(db, exc) from None
+            raise open_error(db, exc) from None
         self.conn = conn
         try:
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
@@ -186,7 +186,7 @@ class _Writer:
             if check != "ok":
                 raise StoreError(
                     f"{db} is corrupt (quick_check: {check}); move it aside (a fresh one is created) or "
-                    f"{_STATE_DIR_HINT}"
+                    f"{STATE_DIR_HINT}"
                 )
             self.journal_mode = str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]).lower()
             conn.execute(f"PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}")
@@ -200,7 +200,7 @@ class _Writer:
             )
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            raise _open_error(db, exc) from None
+            raise open_error(db, exc) from None
 
     def close(self) -> None:
         error: StoreUnavailable | None = None
@@ -278,7 +278,7 @@ class _Writer:
         except sqlite3.IntegrityError as exc:
             raise StoreError(f"{op.kind} write for run {op.run_id!r} refused by {self.db}: {exc}") from None
         except sqlite3.Error as exc:
-            if not _is_transient(exc):
+            if not is_transient(exc):
                 raise StoreError(f"{op.kind} write for run {op.run_id!r} failed in {self.db}: {exc}") from None
             if queue:
                 self._enqueue(op)
@@ -293,7 +293,7 @@ class _Writer:
             try:
                 self._apply(op)
             except sqlite3.Error as exc:
-                if _is_transient(exc):
+                if is_transient(exc):
                     raise
                 self.failed += 1  # permanent (e.g. its run is gone): drop it, keep the rest
                 self.last_error = f"dropped a queued {op.kind} write: {exc}"
@@ -450,12 +450,12 @@ class _Writer:
     # ---- samples
     def _lkey(self, labels: Any) -> str:
         if not isinstance(labels, tuple):
-            return _labels_key(labels)
+            return labels_key(labels)
         key = self.label_keys.get(labels)
         if key is None:
             if len(self.label_keys) >= 10_000:  # bounded, whatever the samplers send
                 self.label_keys.clear()
-            key = self.label_keys[labels] = _labels_key(labels)
+            key = self.label_keys[labels] = labels_key(labels)
         return key
 
     def add_samples(self, run_id: str, t: float, items: Sequence[Any]) -> int:

@@ -214,7 +214,7 @@ def test_dockerfile_copies_exist_and_are_in_the_context():
             for f in files:
                 rel = f.relative_to(REPO).as_posix()
                 assert not dockerignore_excludes(rel), f"{rel} is COPYed but .dockerignore excludes it"
-    for heavy in (".venv/bin/python", ".git/HEAD", "tests/test_deploy.py", "soakd-state/soakd.db"):
+    for heavy in (".venv/bin/python", ".git/HEAD", "tests/component/test_deploy.py", "soakd-state/soakd.db"):
         assert dockerignore_excludes(heavy), f".dockerignore lets {heavy} into the build context"
 
 

@@ -1,4 +1,4 @@
-"""The analysis end to end: an in-process ``SoakDaemon`` against the in-process simulator, with
+"""The analysis end to end: an in-process soak (``soakd.runtime.Runtime``) against the in-process simulator, with
 second-long windows, each fault injected and each found -- or, on a clean simulator, nothing found.
 
 Set-up shared by every test (``SIM`` and ``soak_config``):
@@ -35,7 +35,7 @@ are no longer independent -- and a few ms of scheduling delay is a large share o
 gap. Measured with a loop-lag monitor: stalls of 30 ms (a full collection of the test process's
 heap) and, while other work shares the machine, 50 ms to 1 s. With 1 s windows and 5 ms token
 gaps one such stall per window flagged e2e/TTFT/ITL p95 (+10% to +300%) in stationary runs
-(and energy per token, +20% to +40%, until ``SampleWindow.summary`` was fixed to divide the
+(and energy per token, +20% to +40%, until the window telemetry was fixed to divide the
 energy of the window's load time, not of the readings' span, by its tokens); the rate and error
 metrics held unless the loop was starved for most of a window. Longer windows, delays long
 against scheduling delays and a light load (this process keeps getting the CPU promptly)

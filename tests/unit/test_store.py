@@ -40,7 +40,7 @@ T0 = 1_700_000_040  # a minute boundary
 
 def window_summary(idx: int, *, partial: bool = False, requests: int = 100, start: float = 1_700_000_000.0,
                    pad: int = 0) -> dict[str, Any]:
-    """Shaped like soakd.analysis.window.WindowStats.summary()."""
+    """Shaped like a stored window summary (soakd.core.summary.WindowSummary.dump())."""
     q = {"p50": 0.2 + idx / 1000, "p95": 0.5 + idx / 1000, "p99": 0.9, "mean": 0.25, "count": requests}
     out: dict[str, Any] = {
         "window": idx, "start_unix": start + idx * 1800.0, "duration_seconds": 1800.0, "partial": partial,

@@ -1,0 +1,84 @@
+"""The open windows of a soak (``soakd.soak.windows.WindowSet``) on a manual clock: closing on
+time, waiting for stragglers up to the patience, late records, probe intervals, the end of the
+run; and the run's window history (``soakd.analysis.engine.WindowHistory``)."""
+
+from __future__ import annotations
+
+from soakd.analysis.engine import WindowHistory
+from soakd.core.records import Outcome, RequestRecord
+from soakd.core.series import series
+from soakd.core.summary import QuiesceProbe, WindowSummary
+from soakd.core.timeline import ManualClock, Timeline
+from soakd.soak.windows import WindowSet
+
+
+def _record(window: int, t: float, ok: bool = True) -> RequestRecord:
+    r = RequestRecord("short_chat")
+    r.window, r.warmup = window, window < 0
+    r.t_start_ns = int(t * 1e9)
+    r.token_times_ns = [r.t_start_ns + 10_000_000, r.t_start_ns + 20_000_000]
+    r.t_end_ns = r.t_start_ns + 30_000_000
+    r.completion_tokens = 2
+    if not ok:
+        r.fail(Outcome.HTTP_ERROR, "http_500")
+    return r
+
+
+def _set(clock: ManualClock, patience: float = 5.0) -> WindowSet:
+    return WindowSet(Timeline(100.0, 10.0, 60.0, 250.0), patience=patience, clock=clock)
+
+
+def test_a_window_closes_when_its_requests_finished_or_after_the_patience() -> None:
+    clock = ManualClock(100.0)
+    ws = _set(clock)
+    early, slow = _record(0, 111.0), _record(0, 169.0)
+    ws.started(early)
+    ws.started(slow)
+    ws.finished(early, [0.01])
+    assert ws.close_due(169.5) == []  # not over yet
+    assert ws.close_due(171.0) == []  # over, one request still in flight: wait
+    closed = ws.close_due(175.5)  # the patience ran out
+    assert [w.window for w in closed] == [0] and closed[0].requests == 1 and not closed[0].partial
+    ws.finished(slow, [0.01])  # finished after its window closed: counted late, not lost silently
+    assert ws.close_due(176.0) == []
+    assert ws.closed_count == 1
+
+
+def test_intervals_samples_and_the_probe_go_to_their_window() -> None:
+    clock = ManualClock(100.0)
+    ws = _set(clock)
+    ws.add_interval(120.0, 126.0, "paused_seconds")
+    ws.add_interval(165.0, 175.0, "target_down_seconds")  # across windows 0 and 1
+    assert ws.add_samples([series("soakd_gpu_power_watts", 300.0, gpu="0", uuid="u")], 121.0) == 0
+    assert ws.add_samples([series("soakd_gpu_power_watts", 300.0, gpu="0", uuid="u")], 105.0) is None  # warm-up
+    ws.set_probe(QuiesceProbe(t_unix=1.0, window=0, drained=True, kv_cache_usage_ratio=0.0))
+    w0, w1 = ws.close_due(231.0)  # windows [110, 170) and [170, 230)
+    assert w0.paused_seconds == 6.0 and w0.target_down_seconds == 5.0 and w1.target_down_seconds == 5.0
+    assert w0.duration_seconds == 54.0  # the probe's pause is not load time
+    assert w0.device.power_watts is not None and w0.device.power_watts.mean == 300.0
+    assert w0.quiesce is not None and w0.quiesce.drained and w1.quiesce is None
+
+
+def test_after_the_final_close_no_window_opens_or_closes() -> None:
+    """A run stopped early (SIGTERM, max_requests) closes its open window as partial; a later
+    tick must not close the windows the timeline still has ahead as empty full windows."""
+    clock = ManualClock(100.0)
+    ws = _set(clock)
+    r = _record(0, 112.0)
+    ws.started(r)
+    ws.finished(r, [0.01])
+    (last,) = ws.close_due(130.0, final=True)
+    assert last.window == 0 and last.partial and last.requests == 1
+    assert ws.close_due(300.0) == [] and ws.close_due(400.0, final=True) == []
+    assert ws.add_samples([series("soakd_gpu_power_watts", 1.0, gpu="0", uuid="u")], 200.0) is None
+
+
+def test_the_history_keeps_the_run_error_rate_beyond_its_bound() -> None:
+    h = WindowHistory(max_windows=3)
+    for i in range(10):
+        bad = 10 if i < 5 else 0  # the early windows had errors
+        h.add(WindowSummary(window=i, requests=100, outcomes={"ok": 100 - bad, "http_error": bad}))
+    h.add(WindowSummary(window=10, requests=50, partial=True, outcomes={"http_error": 50}))  # not judged
+    assert len(h) == 3 and h.count == 11
+    assert h.error_rate() == 50 / 1000
+    assert [w.window for w in h.full()] == [8, 9]
