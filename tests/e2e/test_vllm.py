@@ -347,9 +347,11 @@ async def test_soak_outage_and_recovery(vllm: VllmServer, tmp_path: Path) -> Non
         (tmp_path / "vllm-e2e.json").write_text(json.dumps(numbers, indent=2, default=str))
         print("\nvLLM e2e numbers:", json.dumps(numbers, indent=2, default=str))
 
-    _check_run(state, log, rc, numbers)
-    (tmp_path / "vllm-e2e.json").write_text(json.dumps(numbers, indent=2, default=str))
-    print("\nvLLM e2e numbers (final):", json.dumps(numbers, indent=2, default=str))
+    try:
+        _check_run(state, log, rc, numbers)
+    finally:  # the windows and probes it collected, also when a check fails
+        (tmp_path / "vllm-e2e.json").write_text(json.dumps(numbers, indent=2, default=str))
+        print("\nvLLM e2e numbers (final):", json.dumps(numbers, indent=2, default=str))
 
 
 def _check_interval(va: Scrape, vb: Scrape, sa: Scrape, sb: Scrape, min_ok: int) -> dict[str, Any]:
@@ -457,19 +459,21 @@ def _check_run(state: Path, log: JsonLog, rc: int, numbers: dict[str, Any]) -> N
     assert len(full) >= n_expected - 1 and [w["window"] for w in windows] == list(range(len(windows))), numbers
     down_windows = [w for w in windows if (w.get("target_down_seconds") or 0) > 0]
     assert down_windows, "no window recorded the target down"
+    outage = [w for w in down_windows if w["outcomes"].get("connection_error")]
+    # the outage shows as connection errors (vLLM's SIGTERM ends its streams, connects are refused)
+    assert outage, [(w["window"], w["outcomes"]) for w in down_windows]
     for w in windows:
         oc = {k: v for k, v in w["outcomes"].items() if v}
-        if w in down_windows:
-            # the outage shows as connection errors, nothing else (vLLM's SIGTERM ends its streams)
-            assert set(oc) <= {"ok", "connection_error"} and oc.get("connection_error"), (w["window"], oc)
-        else:
-            # every other window: no garbled output (U+FFFD check off), no degenerate repetition,
-            # no HTTP error; a timeout on a starved machine is possible, a few at most
-            assert set(oc) <= {"ok", "timeout"}, (w["window"], oc)
-            assert oc.get("timeout", 0) <= max(2, 0.02 * w["requests"]), (w["window"], oc)
+        # no garbled output (U+FFFD check off), no degenerate repetition, no HTTP error; connection
+        # errors only while the target was down; a request may time out on a machine that starves
+        # vLLM (seen: one right after its restart, which also counts as down time), a few at most
+        assert set(oc) <= {"ok", "timeout", "connection_error"}, (w["window"], oc)
+        assert w in down_windows or not oc.get("connection_error"), (w["window"], oc)
+        assert oc.get("timeout", 0) <= max(2, 0.02 * w["requests"]), (w["window"], oc)
+        if w not in down_windows:
             assert w["partial"] or w["requests"] >= 40, (w["window"], w["requests"])
     # after the restart, the windows have load again
-    assert full[-1]["outcomes"]["ok"] >= 40 and full[-1]["window"] > max(w["window"] for w in down_windows)
+    assert full[-1]["outcomes"]["ok"] >= 40 and full[-1]["window"] > max(w["window"] for w in outage)
 
     events = reader.load_events(run_id)
     probes = [e.data for e in events if e.kind == "quiesce"]
