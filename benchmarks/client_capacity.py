@@ -557,7 +557,7 @@ def run_soakd(url: str, concurrency: int, duration: float, trace: bool = False,
             cpu, srv_cpu = _watch(proc, duration, log, server_pid)
             rc = proc.wait(timeout=duration + 60)
         reports = list((Path(tmp) / "state").glob("*/report.json"))
-        if rc not in (0, 1) or not reports:  # 1: the verdict failed (a 6 s soak judges noise); throughput counts
+        if rc not in (0, 1, 3) or not reports:  # 1 or 3: a FAIL or INCONCLUSIVE verdict (a 6 s soak); throughput counts
             return ClientRun("soakd", note=f"failed (exit {rc}): {''.join(log)[-600:]}")
         windows = json.loads(reports[0].read_text()).get("windows") or []
         reqs = sum(w["requests"] for w in windows)

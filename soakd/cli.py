@@ -20,7 +20,7 @@ from soakd import __version__
 from soakd.config import ConfigError, SoakConfig, deep_merge, flags, load_config
 from soakd.core.durations import parse_duration
 
-EXIT_OK, EXIT_FAIL, EXIT_CONFIG = 0, 1, 2
+EXIT_OK, EXIT_FAIL, EXIT_CONFIG, EXIT_INCONCLUSIVE = 0, 1, 2, 3
 
 
 # ---- shared helpers ----------------------------------------------------------------------------
@@ -111,6 +111,8 @@ async def _soak(cfg: SoakConfig, progress: bool | None = None, nvml_module: Any 
     if outcome.requests_measured <= 0 and not outcome.windows:
         return EXIT_FAIL, outcome
     verdict = outcome.verdict or {}
+    if verdict.get("result") == "INCONCLUSIVE":
+        return EXIT_INCONCLUSIVE, outcome
     return (EXIT_OK if verdict.get("passed", True) else EXIT_FAIL), outcome
 
 
@@ -182,7 +184,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from soakd import logging_setup
 
     defaults = {
-        "run": {"duration": 180.0, "window": 30.0, "warmup": 10.0, "grace": 10.0, "state_dir": "./soakd-state"},
+        "run": {"duration": 180.0, "window": 20.0, "warmup": 10.0, "grace": 10.0, "state_dir": "./soakd-state"},
         "load": {"concurrency": 16},
         "samplers": {"interval": 2.0, "nvml": {"mode": "on"}},
         "metrics": {"host": "127.0.0.1", "port": 9400},

@@ -18,6 +18,7 @@ goes to ``telemetry`` (its window; the store's per-minute samples at the next ch
 from __future__ import annotations
 
 import asyncio
+import math
 import sys
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -95,7 +96,8 @@ class Runtime:
         self.metrics = SoakMetrics(tuple(self.scenarios), __version__)
         self.session = RunSession(config, new_run=new_run, clock=clock)
         self.events = EventLog(self.session, clock)
-        self.analyzer = Analyzer(config.analysis, on_event=self.events.emit, baseline=baseline)
+        self.analyzer = Analyzer(config.analysis, on_event=self.events.emit, baseline=baseline,
+                                 planned_windows=max(1, math.ceil(config.run.duration / config.run.window)))
         self.pipeline = WindowPipeline(self.session, self.analyzer, self.events, self.metrics)
         self.runners = [SamplerRunner(s, interval) for s, interval in build_samplers(config, nvml_module=nvml_module)]
         self.telemetry = TelemetryRouter(self.runners)
@@ -257,6 +259,7 @@ class Runtime:
         """The last windows, the verdict, the end of the segment (and of the run), the reports."""
         await self.pipeline.drain()
         verdict = self.analyzer.verdict().to_dict()
+        await self.events.flush()  # the end-of-run findings
         if self.session.store is not None:
             await self.session.add_samples(self.telemetry.take_pending())
             await self.session.finish(reason, verdict)

@@ -255,8 +255,8 @@ def diagnose(
                 evidence={"throttle": [t.to_dict() for t in throttles]}, window=idx,
             ))  # fmt: skip
 
-    # --- long context slowing down faster than short chat
-    if baseline is not None and baseline.window != idx:
+    # --- long context slowing down faster than short chat (only where the window has drifted)
+    if perf and baseline is not None and baseline.window != idx:
         scen, base_scen = window.scenarios, baseline.scenarios
         long_s, short_s = cfg.long_scenario, cfg.short_scenario
         if all(s in scen and s in base_scen for s in (long_s, short_s)):

@@ -83,6 +83,7 @@ class DriftResult:
     window: int | None = None
     reference_window: int | None = None
     scenario: str | None = None
+    tier: Literal["confident", "likely"] | None = None
 
     @property
     def flagged(self) -> bool:
@@ -158,7 +159,7 @@ def metric_value(
         return d.get(spec.q), _as_ci(d.ci(spec.q)), n
 
     if spec.kind == "requests_rate":
-        ci = rate_ci(requests, duration, confidence) if duration else None
+        ci = rate_ci(ok, duration, confidence) if duration else None
         return src.requests_per_second, ci, requests
 
     if spec.kind == "tokens_rate":

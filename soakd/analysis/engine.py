@@ -13,8 +13,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from soakd.analysis import changes as changes_mod
 from soakd.analysis import drift as drift_mod
 from soakd.analysis import leak as leak_mod
+from soakd.analysis import levels as levels_mod
 from soakd.analysis import throttle as throttle_mod
 from soakd.analysis.diagnosis import Finding, diagnose
 from soakd.config.analysis import AnalysisConfig
@@ -79,27 +81,47 @@ class WindowHistory:
 
 @dataclass
 class Verdict:
+    """PASS, FAIL, or INCONCLUSIVE (too few windows could be judged: ``inconclusive`` says why)."""
+
     passed: bool = True
     reasons: list[str] = field(default_factory=list)
     stability: dict[str, Any] = field(default_factory=dict)
     recurring_drops: dict[str, Any] = field(default_factory=dict)
     findings: dict[str, int] = field(default_factory=dict)
+    inconclusive: str | None = None
+    drift: dict[str, Any] = field(default_factory=dict)  # the end-of-run judgement (changes.RunDrift)
+    leaks: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def result(self) -> str:
+        if not self.passed:
+            return "FAIL"
+        return "INCONCLUSIVE" if self.inconclusive else "PASS"
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "result": "PASS" if self.passed else "FAIL",
-            "passed": self.passed,
+            "result": self.result,
+            "passed": self.passed and not self.inconclusive,
             "reasons": list(self.reasons),
+            "inconclusive": self.inconclusive,
             "findings": dict(self.findings),
             "stability": self.stability,
             "recurring_drops": self.recurring_drops,
+            "drift": self.drift,
+            "leaks": self.leaks,
         }
 
 
 class Analyzer:
     def __init__(self, config: AnalysisConfig, on_event: EventSink | None = None, baseline: Window | None = None,
-                 history: WindowHistory | None = None) -> None:
+                 history: WindowHistory | None = None, planned_windows: int | None = None) -> None:
         self.cfg = config
+        # the live comparisons' family: metrics x windows x 2 references (changes.live_z)
+        self.planned_windows = max(1, planned_windows or 48)
+        self.z_live = changes_mod.live_z(config.drift, self.planned_windows)
+        self.pool: list[Window] = [baseline] if baseline is not None else []
+        self.series: dict[str, list[levels_mod.Level]] = {m: [] for m in config.drift.metrics}
+        self.detectable: dict[str, float] = {}  # metric -> the smallest confident change of one window
         self.on_event = on_event
         self.history = history if history is not None else WindowHistory()
         self.baseline = baseline
@@ -118,6 +140,8 @@ class Analyzer:
         self.quiesce_probes = 0
         self.last_quiesce: QuiesceProbe | None = None
         self.stability: dict[str, Any] = {}
+        self._capped_reported = False
+        self.run_drift: changes_mod.RunDrift | None = None
 
     @property
     def last_window(self) -> Window | None:
@@ -131,35 +155,128 @@ class Analyzer:
             self.baseline = baseline
         full = self.history.full()
         self.previous = full[-1] if full else None
+        if not self.baseline_external:
+            self.pool = []
+        self.series = {m: [] for m in self.cfg.drift.metrics}
+        for w in full:
+            self._add_to_pool(w)
+            self._add_levels(w)
+
+    # ---- the baseline pool and the level series
+    def _poolable(self, w: Window) -> bool:
+        return levels_mod.eligible(w) and drift_mod.choose_baseline([w], self.cfg.drift.min_requests) is not None
+
+    @property
+    def pool_complete(self) -> bool:
+        return self.baseline_external or len(self.pool) >= self.cfg.drift.baseline_windows
+
+    def _add_to_pool(self, w: Window) -> bool:
+        if self.pool_complete or not self._poolable(w):
+            return False
+        self.pool.append(w)
+        if self.baseline is None:
+            self.baseline = w
+        return True
+
+    def _add_levels(self, w: Window) -> dict[str, levels_mod.Level]:
+        out = {}
+        for metric in self.cfg.drift.metrics:
+            lv = levels_mod.level(w, metric, self.cfg.drift)
+            if lv is not None:
+                self.series[metric].append(lv)
+                out[metric] = lv
+        return out
+
+    def _pool_levels(self, metric: str) -> list[levels_mod.Level]:
+        out = []
+        for p in self.pool:
+            lv = levels_mod.level(p, metric, self.cfg.drift) if self.baseline_external else next(
+                (x for x in self.series[metric] if x.window == p.window), None)
+            if lv is not None:
+                out.append(lv)
+        return out
+
+    def _live(self, w: Window, current: dict[str, levels_mod.Level]) -> list[drift_mod.DriftResult]:
+        """Every metric of ``w`` against the pool and the previous window (changes.compare_levels)."""
+        cfg = self.cfg.drift
+        out = []
+        prev = self.previous
+        for metric in cfg.metrics:
+            lv = current.get(metric)
+            # the noise floor from the windows before this one: a step in it must not hide itself
+            history = self.series[metric][:-1] if lv is not None else self.series[metric]
+            tau2 = changes_mod.tau2_upper(history)
+            refs: list[tuple[str, list[levels_mod.Level]]] = [("baseline", self._pool_levels(metric))]
+            if prev is not None:
+                p = next((x for x in reversed(self.series[metric]) if x.window == prev.window), None)
+                refs.append(("previous", [p] if p is not None else []))
+            for kind, ref in refs:
+                if lv is None or not ref:
+                    r = drift_mod.compare(w, self.baseline if kind == "baseline" else prev, metric, cfg,
+                                          reference_kind=kind)  # type: ignore[arg-type]
+                    out.append(drift_mod.DriftResult(**{**r.__dict__, "status": "insufficient"
+                                                        if r.status != "no_data" else "no_data",
+                                                        "direction": None}))
+                    continue
+                out.append(changes_mod.compare_levels(metric, lv, ref, tau2, self.z_live, cfg,
+                                                      reference_kind=kind))  # type: ignore[arg-type]
+        return out
+
+    def _pool_done(self, w: Window) -> None:
+        cfg = self.cfg.drift
+        mde = {}
+        for metric in cfg.metrics:
+            pool = self._pool_levels(metric)
+            if not pool:
+                continue
+            tau2 = changes_mod.tau2_upper(self.series[metric])
+            var = sum(lv.var for lv in pool) / len(pool)
+            one = changes_mod.mde(metric, var, pool, tau2, self.z_live, cfg)
+            self.detectable[metric] = one
+            mde[metric] = {"one_window": one,
+                           "pooled_12_windows": changes_mod.mde(metric, var, pool, tau2, self.z_live, cfg, 12)}
+        wins = [p.window for p in self.pool]
+        text = ", ".join(f"{m} {v['one_window'] * 100:.1f}{'pp' if m == 'error_rate' else '%'}"
+                         for m, v in mde.items())
+        self._event("baseline", "info", f"windows {wins} are the baseline pool; smallest change one window can "
+                    f"show as confident drift: {text}", {"windows": wins, "detectable": mde}, w.window)
 
     def add_window(self, w: Window) -> list[Finding]:
         cfg = self.cfg
-        if self.baseline is None and not w.partial:
-            self.baseline = drift_mod.choose_baseline([w], cfg.drift.min_requests)
-            if self.baseline is not None:
-                self._event("baseline", "info", f"window {w.window} is the baseline", {"window": w.window}, w.window)
-        results = drift_mod.evaluate(w, self.baseline if self.baseline is not w else None,
-                                     self.previous, cfg.drift)
+        joined = False if w.partial else self._add_to_pool(w)
+        if joined and len(self.pool) == 1:
+            self._event("baseline", "info", f"window {w.window} is the baseline", {"window": w.window}, w.window)
+        current = {} if w.partial else self._add_levels(w)
+        results: list[drift_mod.DriftResult] = []
+        if self.pool_complete and not joined and not w.partial:
+            results = self._live(w, current)
         for r in results:
             self.drift[(r.metric, r.reference)] = r
         for metric in cfg.drift.metrics:
-            flagged = [r for r in results if r.metric == metric and r.reference == "baseline" and r.flagged]
+            flagged = [r for r in results if r.metric == metric and r.flagged]
             self.drift_active[metric] = bool(flagged)
             if flagged:
                 self.drift_events[metric] = self.drift_events.get(metric, 0) + 1
-        self.throttles = throttle_mod.evaluate(w, self.baseline, cfg.throttle)
+        if joined and self.pool_complete:
+            self._pool_done(w)
+        perf = any(r.flagged and r.direction == "degraded" and r.metric != "error_rate" for r in results)
+        self.throttles = throttle_mod.evaluate(w, self.baseline, cfg.throttle, latency_drift=perf)
         self.throttle_detected = any(t.detected for t in self.throttles)
         self.history.add(w)
         full = self.history.full()
         leaks = leak_mod.evaluate(full, cfg.leak)
         new_leaks = [lk for lk in leaks if lk.suspected and not (self.leaks.get(lk.source)
                                                                and self.leaks[lk.source].suspected)]
+        revised = [lk for lk in leaks if not lk.suspected and self.leaks.get(lk.source) is not None
+                   and self.leaks[lk.source].suspected]
         self.leaks = {lk.source: lk for lk in leaks}
-        kv_res = self.leaks.get("kv_residue")
         if w.partial:
             # the window cut short by the end of the run: reported, not judged
             self.stability = drift_mod.stability(full, cfg.drift)
             return []
+        for lk in revised:
+            self._event("leak", "info", f"leak finding revised: {lk.message()}", lk.to_dict(), w.window)
+        kv_res = self.leaks.get("kv_residue")
         findings = diagnose(
             w,
             results,
@@ -170,6 +287,14 @@ class Analyzer:
             drift_cfg=cfg.drift,
             cfg=cfg.diagnosis,
         )
+        capped = [t for t in self.throttles if t.active and not t.impact and t.sm_clock_reference_kind == "baseline"]
+        if capped and not self._capped_reported:
+            self._capped_reported = True
+            findings.append(Finding(
+                kind="throttle", diagnosis="power-capped, healthy", severity="info",
+                message="; ".join(t.message() for t in capped) + ": the SM clock holds the baseline's and latency "
+                "has not drifted, so this is a GPU running at its limit under full load, not throttling",
+                evidence={"throttle": [t.to_dict() for t in capped]}, window=w.window))  # fmt: skip
         for f in findings:
             self._finding(f)
         self.previous = w
@@ -222,20 +347,53 @@ class Analyzer:
         kind = f.kind
         if kind == "errors":
             return None  # judged run-wide against the error budget
+        elif kind == "leak":
+            return None  # judged on the run's last leak judgement (a finding may be revised)
         elif kind not in v.fail_on:
             return None
         return f"{kind}: {f.diagnosis} (window {f.window})"
 
+    def finish(self) -> changes_mod.RunDrift:
+        """The end of the run: change points, segment changes and trends over every full window
+        (``changes.judge_run``); their findings are emitted once. Idempotent."""
+        if self.run_drift is None:
+            rd = changes_mod.judge_run(self.history.full(), [p.window for p in self.pool], self.cfg.drift)
+            self.run_drift = rd
+            for c in rd.changes:
+                self._finding(Finding(kind="drift", diagnosis=f"{c.tier} drift", severity="critical"
+                                      if c.tier == "confident" and c.direction == "degraded" else "info",
+                                      message=c.message(), evidence={"tier": c.tier, **c.to_dict()},
+                                      window=c.window))  # fmt: skip
+            for t in rd.trends:
+                self._finding(Finding(kind="drift", diagnosis="creep", severity="critical"
+                                      if t.tier == "confident" and t.direction == "degraded" else "warning"
+                                      if t.direction == "degraded" else "info", message=t.message(),
+                                      evidence={"tier": t.tier, **t.to_dict()}, window=t.first_window))
+        return self.run_drift
+
     def verdict(self) -> Verdict:
-        """The run's verdict: every failing finding, and the run-wide error rate against the budget."""
+        """The run's verdict: every failing finding, the run's last leak judgement, the run-wide error
+        rate against the budget; INCONCLUSIVE when too few windows could be judged."""
+        rd = self.finish()
         error_rate = self.history.error_rate()
         v = Verdict()
         v.reasons = list(dict.fromkeys(self.failing))
-        if "errors" in self.cfg.verdict.fail_on and error_rate is not None and error_rate > self.cfg.verdict.error_budget:
+        fail_on = self.cfg.verdict.fail_on
+        if "leak" in fail_on:
+            for lk in self.leaks.values():
+                if lk.fails:
+                    v.reasons.append(f"leak: {lk.message()}")
+        if "errors" in fail_on and error_rate is not None and error_rate > self.cfg.verdict.error_budget:
             v.reasons.append(f"errors: error rate {error_rate:.2%} is above the budget "
                              f"{self.cfg.verdict.error_budget:.2%}")
         v.passed = not v.reasons
         full = self.history.full()
+        judged = sum(1 for w in full if self._poolable(w))
+        need = self.cfg.drift.baseline_windows + 2
+        if judged < need or judged < self.cfg.verdict.min_judged_share * len(full):
+            v.inconclusive = (f"{judged} of {len(full)} full windows could be judged (target up, at least "
+                              f"{self.cfg.drift.min_requests} requests); a verdict needs {need} and "
+                              f"{self.cfg.verdict.min_judged_share:.0%} of them")
         v.stability = drift_mod.stability(full, self.cfg.drift)
         drops = {}
         for metric in self.cfg.drift.metrics:
@@ -244,4 +402,6 @@ class Analyzer:
                 drops[metric] = d
         v.recurring_drops = drops
         v.findings = {f"{k}/{s}": n for (k, s), n in self.finding_counts.items()}
+        v.drift = rd.to_dict()
+        v.leaks = [lk.to_dict() for lk in self.leaks.values() if lk.status != "no_data"]
         return v

@@ -16,7 +16,16 @@ Method:
     in ratio per hour, not bytes).
 
   Partial windows (the one cut at shutdown) are left out.
-* The trend is the Theil–Sen slope (median of all pairwise slopes) against the window's mid
+* Byte sources (device memory, the target's GPU memory and RSS) are classified by their
+  pattern (``memory_pattern``): ramp then flat (warm-up), one-off step, sawtooth, sustained
+  climb; only the *sustained* part is judged (from a third of the series on, after the last
+  step, or the sawtooth's troughs), so a warm-up or a one-off allocation is never a leak, and a
+  finding made early is revised as the run goes on (the verdict uses the last judgement). Device
+  memory is read from the idle quiesce probes (load paused, requests drained) when there are
+  enough of them: the cleanest reading of what the server keeps. A sustained climb is always a
+  finding; it fails the run when memory runs out at that rate within
+  ``exhaustion_budget_hours`` (default 7 days).
+* The trend (KV usage, and each judged part) is the Theil–Sen slope (median of all pairwise slopes) against the window's mid
   time, in units per hour, with Sen's distribution-free confidence interval from Kendall's S
   (variance ``n(n-1)(2n+5)/18``, minus the usual correction for tied values). It ignores up to
   ~29% outliers (a window with a transient spike) and needs no normality.
@@ -129,6 +138,11 @@ class LeakResult:
     first: float | None = None
     last: float | None = None
     residue: float | None = None  # kv_residue: observed residue at the last probe
+    pattern: str | None = None  # flat | ramp then flat | one-off step | sawtooth | sustained climb
+    hours_to_exhaustion: float | None = None  # at the measured rate, from the last fitted value
+    fails: bool = False  # suspected and within the budget: fails the run
+    points: str = "windows"  # what was judged: window floors, or idle quiesce probes
+    sustained_from_hours: float | None = None  # the start of the judged (sustained) part, hours into the series
 
     def message(self) -> str:
         if self.growth_per_hour is None:
@@ -146,6 +160,12 @@ class LeakResult:
                 f"{f(self.growth_per_hour)}/h{ci}, fitted {f(self.projected or 0.0)} vs budget "
                 f"{f(self.budget)}: {self.status}"
             )
+        if self.pattern is not None:
+            what = f"{self.source} ({'idle, ' if self.points == 'probes' else ''}{self.n_windows} {self.points}): " \
+                   f"{self.pattern}, sustained part grows {f(self.growth_per_hour)}/h{ci}"
+            if self.hours_to_exhaustion is not None:
+                what += f", memory exhausted in {self.hours_to_exhaustion:.0f} h at this rate"
+            return f"{what}: {self.status}{' (within the budget: fails the run)' if self.fails else ''}"
         return (
             f"{self.source} grows {f(self.growth_per_hour)}/h{ci} over {self.n_windows} windows, "
             f"{f(self.projected or 0.0)} in {self.horizon_hours:g}h vs budget {f(self.budget)}: {self.status}"
@@ -212,15 +232,119 @@ def _trend(
     suspected = significant and projected > budget
     return LeakResult(
         status="suspected" if suspected else "ok", growth_per_hour=slope, ci=(lo, hi), significant=significant,
-        projected=projected, suspected=suspected, first=first, last=last, **common,
+        projected=projected, suspected=suspected, first=first, last=last, fails=suspected, **common,
     )  # fmt: skip
 
 
 def evaluate_memory(windows: list[Window], source: str, cfg: LeakConfig | None = None) -> LeakResult:
-    """Trend of one source over the run's full windows (see the module docstring)."""
+    """One source over the run's full windows (see the module docstring): byte sources by their
+    pattern (``memory_pattern``; device memory from the idle quiesce probes when there are enough),
+    the KV usage by its trend."""
     cfg = cfg or LeakConfig()
-    unit = "ratio" if source == "kv_cache" else "bytes"
-    return _trend(source, memory_series(windows, source), cfg.budget_for(source), unit, cfg)
+    if source == "kv_cache":
+        return _trend(source, memory_series(windows, source), cfg.budget_for(source), "ratio", cfg)
+    pts, points = memory_series(windows, source), "windows"
+    if source == "device_memory":
+        probes = quiesce_probes(windows, "memory_used_bytes")
+        if len(probes) >= cfg.min_windows or len(probes) >= len(pts):
+            pts, points = probes, "probes"
+    total = None
+    if source in ("device_memory", "target_gpu_memory"):
+        totals = [w.device.memory_total_bytes for w in windows if w.device.memory_total_bytes]
+        total = max(totals) if totals else None
+    return memory_pattern(source, pts, cfg, total=total, points=points)
+
+
+def _mad_sigma(d: list[float]) -> float:
+    """Noise of one reading from successive differences (median absolute deviation, normal scale)."""
+    med = statistics.median(d)
+    return 1.4826 * statistics.median(abs(x - med) for x in d) / math.sqrt(2.0)
+
+
+def memory_pattern(source: str, pts: list[tuple[float, float]], cfg: LeakConfig, *, total: float | None = None,
+                   points: str = "windows") -> LeakResult:
+    """Classify a memory series ``(t_unix, bytes)`` and judge its sustained part.
+
+    * Noise ``sigma``: the successive differences' MAD. A *jump* is a difference beyond
+      ``max(5 sigma, step_bytes)``.
+    * A jump down is a *release*: the series is a **sawtooth**; judged on its troughs (the first
+      reading and each reading after a release), needing 3 of them.
+    * Otherwise the judged part starts at a third of the series, or after the last isolated jump
+      up (a **one-off step**: a jump while the typical difference is small), whichever is later;
+      it needs ``min_windows`` readings.
+    * Sen's slope of the judged part with its interval: above 0 is a **sustained climb** (always a
+      finding, ``suspected``); a climb before the judged part that has stopped is **ramp then flat**
+      (warm-up); else **flat**.
+    * A sustained climb fails the run (``fails``) when memory runs out at that rate within
+      ``exhaustion_budget_hours`` (from ``total``, the device's memory), or, with no total known,
+      when its growth over ``horizon_hours`` exceeds the source's budget.
+    """
+    budget = cfg.budget_for(source)
+    pts = sorted(pts)
+    n = len(pts)
+    common = dict(source=source, budget=budget, unit="bytes", horizon_hours=cfg.horizon_hours, n_windows=n,
+                  points=points)  # fmt: skip
+    if not pts:
+        return LeakResult(status="no_data", growth_per_hour=None, ci=None, significant=False, projected=None,
+                          suspected=False, **common)  # fmt: skip
+    t0 = pts[0][0]
+    xs = [(t - t0) / 3600.0 for t, _ in pts]
+    ys = [v for _, v in pts]
+    first, last = ys[0], ys[-1]
+    if n < cfg.min_windows:
+        fit = theil_sen(xs, ys, cfg.confidence)  # the rate so far, reported, not judged
+        return LeakResult(status="insufficient", growth_per_hour=fit[0] if fit else None,
+                          ci=(fit[1], fit[2]) if fit else None, significant=False, projected=None, suspected=False,
+                          first=first, last=last, **common)  # fmt: skip
+    d = [b - a for a, b in zip(ys, ys[1:])]
+    sigma = _mad_sigma(d)
+    jump = max(5.0 * sigma, float(cfg.step_bytes))
+    typical = statistics.median(abs(x) for x in d)
+    releases = [i for i, x in enumerate(d) if x < -jump]
+    steps = [i for i, x in enumerate(d) if x > jump and typical < jump / 4.0]
+    if releases:
+        pattern = "sawtooth"
+        idx = [0, *(i + 1 for i in releases)]
+        jx, jy = [xs[i] for i in idx], [ys[i] for i in idx]
+        start = 0
+        fit = theil_sen(jx, jy, cfg.confidence) if len(idx) >= 3 else None
+    else:
+        start = n // 3
+        if steps:
+            start = max(start, steps[-1] + 1)
+        jx, jy = xs[start:], ys[start:]
+        fit = theil_sen(jx, jy, cfg.confidence) if len(jx) >= cfg.min_windows else None
+        pattern = "flat"
+        if steps:
+            pattern = "one-off step"
+        elif start > 0:
+            early = theil_sen(xs[: start + 1], ys[: start + 1], cfg.confidence)
+            if early is not None and early[1] > 0 and (fit is None or fit[0] < early[0] / 4.0):
+                pattern = "ramp then flat"
+    if fit is None:
+        fit = theil_sen(jx, jy, cfg.confidence) if len(jx) >= 2 else None
+        return LeakResult(status="insufficient", growth_per_hour=fit[0] if fit else None,
+                          ci=(fit[1], fit[2]) if fit else None, significant=False, projected=None,
+                          suspected=False, first=first, last=last, pattern=pattern,
+                          sustained_from_hours=jx[0] if jx else None, **common)  # fmt: skip
+    slope, lo, hi = fit
+    significant = lo > 0 and slope > 0
+    if significant:
+        pattern = "sawtooth with a rising floor" if releases else "sustained climb"
+    fitted_last = _intercept(jx, jy, slope) + slope * xs[-1]
+    hours = None
+    if significant and total:
+        hours = max(0.0, (total - max(fitted_last, last)) / slope)
+    projected = slope * cfg.horizon_hours
+    if hours is not None:
+        fails = hours <= cfg.exhaustion_budget_hours
+    else:
+        fails = significant and projected > budget
+    return LeakResult(
+        status="suspected" if significant else "ok", growth_per_hour=slope, ci=(lo, hi), significant=significant,
+        projected=projected, suspected=significant, first=first, last=last, pattern=pattern,
+        hours_to_exhaustion=hours, fails=significant and fails, sustained_from_hours=jx[0], **common,
+    )  # fmt: skip
 
 
 def quiesce_probes(windows: list[Window], field: str = "kv_cache_usage_ratio") -> list[tuple[float, float]]:
@@ -268,7 +392,8 @@ def kv_residue(probes: list[tuple[float, float]], cfg: LeakConfig | None = None)
     suspected = significant and fitted_last > budget
     return LeakResult(
         status="suspected" if suspected else "ok", growth_per_hour=slope, ci=(lo, hi), significant=significant,
-        projected=fitted_last, suspected=suspected, first=r0, last=pts[-1][1], residue=res[-1], **common,
+        projected=fitted_last, suspected=suspected, first=r0, last=pts[-1][1], residue=res[-1], fails=suspected,
+        **common,
     )  # fmt: skip
 
 

@@ -99,6 +99,7 @@ def _by_name(series: Iterable[Series]) -> dict[str, list[Series]]:
 # name -> (window key, reduction across GPUs/children)
 _REDUCE = {
     "soakd_gpu_memory_used_bytes": ("memory_used_bytes", "sum"),
+    "soakd_gpu_memory_total_bytes": ("memory_total_bytes", "sum"),
     "soakd_gpu_power_watts": ("power_watts", "sum"),
     "soakd_gpu_energy_joules_total": ("energy_joules_total", "sum"),
     "soakd_gpu_sm_clock_hertz": ("sm_clock_hertz", "mean"),
@@ -113,8 +114,8 @@ _REDUCE = {
 }
 
 
-def reduce_snapshot(series: Iterable[Series]) -> tuple[dict[str, float], dict[str, bool]]:
-    """One snapshot -> {window key: value} and {reason: active on any GPU}."""
+def reduce_snapshot(series: Iterable[Series]) -> tuple[dict[str, float], dict[str, dict[str, bool]]]:
+    """One snapshot -> {window key: value} and {gpu: {reason: active}}."""
     grouped = _by_name(series)
     values: dict[str, float] = {}
     for name, (key, how) in _REDUCE.items():
@@ -130,14 +131,14 @@ def reduce_snapshot(series: Iterable[Series]) -> tuple[dict[str, float], dict[st
         values["temperature_celsius"] = max(gpu_t)
     if mem_t:
         values["memory_temperature_celsius"] = max(mem_t)
-    reasons: dict[str, bool] = {}
-    events = grouped.get("soakd_gpu_clocks_event_active")
-    if events:
-        reasons = dict.fromkeys(CLOCKS_EVENT_REASON_NAMES, False)
-        for s in events:
-            r = s.label("reason")
-            if r in reasons and s.value >= 0.5:
-                reasons[r] = True
+    reasons: dict[str, dict[str, bool]] = {}
+    for s in grouped.get("soakd_gpu_clocks_event_active") or ():
+        r = s.label("reason")
+        gpu = reasons.get(s.label("gpu") or "0")
+        if gpu is None:
+            gpu = reasons[s.label("gpu") or "0"] = dict.fromkeys(CLOCKS_EVENT_REASON_NAMES, False)
+        if r in gpu and s.value >= 0.5:
+            gpu[r] = True
     return values, reasons
 
 
@@ -146,8 +147,8 @@ class TelemetryStats:
 
     def __init__(self) -> None:
         self.aggs: dict[str, Agg] = {}
-        self.reason_samples = 0
-        self.reason_active: dict[str, int] = dict.fromkeys(CLOCKS_EVENT_REASON_NAMES, 0)
+        self.reason_samples: dict[str, int] = {}  # gpu -> samples that reported reasons
+        self.reason_active: dict[str, dict[str, int]] = {}  # gpu -> reason -> samples it was active in
         self.energy_joules = 0.0
         self.energy_seconds = 0.0
 
@@ -164,11 +165,14 @@ class TelemetryStats:
             if agg is None:
                 agg = self.aggs[key] = Agg()
             agg.add(v, t)
-        if reasons:
-            self.reason_samples += 1
-            for r, active in reasons.items():
-                if active:
-                    self.reason_active[r] += 1
+        for gpu, active in reasons.items():
+            self.reason_samples[gpu] = self.reason_samples.get(gpu, 0) + 1
+            counts = self.reason_active.get(gpu)
+            if counts is None:
+                counts = self.reason_active[gpu] = dict.fromkeys(CLOCKS_EVENT_REASON_NAMES, 0)
+            for r, on in active.items():
+                if on:
+                    counts[r] += 1
 
     def _stat(self, cls: type, key: str) -> object | None:
         agg = self.aggs.get(key)
@@ -188,6 +192,7 @@ class TelemetryStats:
             sm_clock_max_hertz=self.aggs["sm_clock_max_hertz"].hi if "sm_clock_max_hertz" in self.aggs else None,
             utilization_ratio=self._stat(MeanMax, "utilization_ratio"),
             memory_used_bytes=self._stat(MemoryStat, "memory_used_bytes"),
+            memory_total_bytes=self.aggs["memory_total_bytes"].hi if "memory_total_bytes" in self.aggs else None,
             target_gpu_memory_bytes=self._stat(MemoryStat, "target_gpu_memory_bytes"),
         )
         if self.energy_seconds > 0:
@@ -198,7 +203,10 @@ class TelemetryStats:
                 joules = self.energy_joules / self.energy_seconds * duration_seconds
             d.energy_per_output_token_joules = joules / completion_tokens if completion_tokens else None
         if self.reason_samples:
-            d.throttle_share = {r: c / self.reason_samples for r, c in self.reason_active.items()}
+            by_gpu = {gpu: {r: c / self.reason_samples[gpu] for r, c in counts.items()}
+                      for gpu, counts in sorted(self.reason_active.items())}
+            d.throttle_share_by_gpu = by_gpu
+            d.throttle_share = {r: max(shares[r] for shares in by_gpu.values()) for r in CLOCKS_EVENT_REASON_NAMES}
         return d
 
     def server(self) -> ServerSummary:

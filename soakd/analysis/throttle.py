@@ -1,10 +1,16 @@
-"""Throttling: a performance-relevant clocks-event reason active for too much of a window.
+"""Throttling: a performance-relevant clocks-event reason active for too much of a window, with
+an impact.
 
-``device.throttle_share[reason]`` is the share (0–1) of the window's device samples in which
-NVML/DCGM reported that clocks-event reason. A reason among ``reasons`` (default: the five that
-cost performance — software power cap, hardware slowdown, software and hardware thermal
-slowdown, hardware power brake; not idle, application clocks, sync boost or display clock)
-active for more than ``max_share`` of the window is detected (``soakd_throttle_detected`` = 1).
+``device.throttle_share[reason]`` is the largest share (0–1), over the GPUs, of one GPU's samples
+in the window in which NVML/DCGM reported that clocks-event reason. A reason among ``reasons``
+(default: the five that cost performance — software power cap, hardware slowdown, software and
+hardware thermal slowdown, hardware power brake; not idle, application clocks, sync boost or
+display clock) active for more than ``max_share`` of the window is *active*; it is *detected*
+(``soakd_throttle_detected`` = 1, a finding that fails the run) only with an impact: the mean SM
+clock more than ``clock_drop_ratio`` below the baseline's, or a latency/throughput drift of the
+same window (``latency_drift``). A GPU that runs at its power cap under full load with the
+clock where it was at the baseline is doing what it should: an active reason without impact is
+reported as healthy. Before a baseline exists there is no reference and nothing is detected.
 Each result carries the evidence: the window's mean SM clock and its drop against the baseline
 window's mean SM clock (or, without a baseline, against the window's ``sm_clock_max_hertz``,
 the device's maximum), the maximum GPU and memory temperature and the mean/max power.
@@ -40,6 +46,8 @@ class ThrottleResult:
     power_mean: float | None
     power_max: float | None
     window: int | None = None
+    active: bool = False  # share above max_share
+    impact: bool = False  # clock drop beyond clock_drop_ratio vs the baseline, or latency drift
 
     @property
     def kind(self) -> Literal["thermal", "power"]:
@@ -70,11 +78,13 @@ class ThrottleResult:
 _num = as_float
 
 
-def evaluate(window: Window, baseline: Window | None = None, cfg: ThrottleConfig | None = None) -> list[ThrottleResult]:
+def evaluate(window: Window, baseline: Window | None = None, cfg: ThrottleConfig | None = None,
+             latency_drift: bool = False) -> list[ThrottleResult]:
     """One result per configured reason that the window's device data reports (detected or not).
 
     Empty without device data. The SM-clock reference is the baseline window's mean SM clock when
-    a different baseline window has one, else the window's ``sm_clock_max_hertz``.
+    a different baseline window has one (the only reference an impact is judged against), else the
+    window's ``sm_clock_max_hertz`` (reported, not judged).
     """
     cfg = cfg or ThrottleConfig()
     dev = window.device
@@ -93,15 +103,21 @@ def evaluate(window: Window, baseline: Window | None = None, cfg: ThrottleConfig
     drop = (1.0 - mean_clock / ref) if (mean_clock is not None and ref) else None
     temp, mtemp, power = dev.temperature_celsius, dev.memory_temperature_celsius, dev.power_watts
     out = []
+    clock_impact = ref_kind == "baseline" and drop is not None and drop > cfg.clock_drop_ratio
+    judged = ref_kind == "baseline"
     for reason in cfg.reasons:
         share = _num(shares.get(reason))
         if share is None:
             continue
+        active = share > cfg.max_share
+        impact = judged and (clock_impact or latency_drift)
         out.append(
             ThrottleResult(
                 reason=reason,
                 share=share,
-                detected=share > cfg.max_share,
+                detected=active and impact,
+                active=active,
+                impact=impact,
                 max_share=cfg.max_share,
                 sm_clock_mean=mean_clock,
                 sm_clock_reference=ref,

@@ -6,6 +6,11 @@ which it was taken. Latency quantiles come from DDSketches (``soakd.analysis.ske
 relative error), kept per scenario and merged for the overall figures; telemetry from the
 fixed-size aggregates of ``soakd.analysis.telemetry``. Nothing grows with the number of
 requests or samples.
+
+Each window is also cut into sub-windows (``sub_seconds``: a minute, or a tenth of a short
+window) that keep a few sums per latency family: the per-minute series and the batch means of
+``SubWindows`` (see there). Inter-token gaps of 0 (events the server or the network coalesced)
+are kept: they are real gaps of the stream, and the server's own histogram counts them too.
 """
 
 from __future__ import annotations
@@ -18,7 +23,66 @@ from soakd.analysis.stats import quantile_ci
 from soakd.analysis.telemetry import TelemetryStats
 from soakd.core.records import OUTCOMES, Outcome, RequestRecord
 from soakd.core.series import Series
-from soakd.core.summary import Quantiles, QuiesceProbe, ScenarioSummary, WindowSummary
+from soakd.core.summary import Quantiles, QuiesceProbe, ScenarioSummary, SubWindows, WindowSummary
+
+FAMILIES = ("e2e", "ttft", "itl")
+MIN_SUB_COUNT = 2  # requests a sub-window needs to enter the batch means
+
+
+def sub_seconds(window_seconds: float) -> float:
+    """The sub-window length: a minute, or a tenth of a window shorter than 10 minutes."""
+    return min(60.0, window_seconds / 10.0)
+
+
+class SubStats:
+    """Per sub-window: requests, successes, and per family the count, sum and sum of squares of
+    the log latency (bounded: a fixed number of sub-windows per window)."""
+
+    __slots__ = ("k", "requests", "ok", "n", "s1", "s2")
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.requests = [0] * k
+        self.ok = [0] * k
+        self.n = {f: [0] * k for f in FAMILIES}
+        self.s1 = {f: [0.0] * k for f in FAMILIES}
+        self.s2 = {f: [0.0] * k for f in FAMILIES}
+
+    def add(self, j: int, family: str, seconds: float) -> None:
+        if seconds > 0:
+            x = math.log(seconds)
+            self.n[family][j] += 1
+            self.s1[family][j] += x
+            self.s2[family][j] += x * x
+
+    def summary(self, seconds: float) -> SubWindows:
+        out = SubWindows(seconds=seconds, requests=list(self.requests), ok=list(self.ok))
+        for f in FAMILIES:
+            n, s1, s2 = self.n[f], self.s1[f], self.s2[f]
+            setattr(out, f, [math.exp(a / c) if c else None for a, c in zip(s1, n)])
+            extra = extra_variance(n, s1, s2)
+            if extra is not None:
+                out.extra_var[f], out.inflation[f] = extra
+        return out
+
+
+def extra_variance(n: list[int], s1: list[float], s2: list[float]) -> tuple[float, float] | None:
+    """Batch means of the log latency over the sub-windows: ``(variance of the window's mean log
+    latency beyond the independent-requests variance, batch-means / independent ratio)``; None with
+    fewer than 5 sub-windows of ``MIN_SUB_COUNT`` requests."""
+    rows = [(c, a / c) for c, a in zip(n, s1) if c >= MIN_SUB_COUNT]
+    if len(rows) < 5:
+        return None
+    total = sum(c for c, _ in rows)
+    mean = sum(c * m for c, m in rows) / total
+    k = len(rows)
+    var_bm = k / (k - 1) * sum((c / total) ** 2 * (m - mean) ** 2 for c, m in rows)
+    count = sum(n)
+    within = max(0.0, sum(s2) / count - (sum(s1) / count) ** 2)
+    var_iid = within / count
+    if var_iid <= 0:
+        return None
+    return max(0.0, var_bm - var_iid), var_bm / var_iid
 
 
 class ScenarioStats:
@@ -52,9 +116,11 @@ class OpenWindow:
     """Window ``index`` from ``start`` to ``end`` (monotonic seconds; ``wall_start``: unix)."""
 
     __slots__ = ("index", "start", "end", "wall_start", "scenarios", "telemetry", "quiesce", "in_flight",
-                 "late_records", "closed", "paused_seconds", "target_down_seconds")
+                 "late_records", "closed", "paused_seconds", "target_down_seconds", "sub_seconds", "sub",
+                 "closed_as", "revision")
 
-    def __init__(self, index: int, start: float, end: float, wall_start: float) -> None:
+    def __init__(self, index: int, start: float, end: float, wall_start: float,
+                 sub_length: float | None = None) -> None:
         self.index = index
         self.start = start
         self.end = end
@@ -67,6 +133,14 @@ class OpenWindow:
         self.closed = False
         self.paused_seconds = 0.0  # quiesce probes: excluded from the window's load time
         self.target_down_seconds = 0.0
+        self.sub_seconds = sub_length if sub_length is not None else sub_seconds(end - start)
+        self.sub = SubStats(max(1, math.ceil((end - start) / self.sub_seconds - 1e-9)))
+        self.closed_as: tuple[float | None, bool] = (None, False)  # (actual end, partial) when it closed
+        self.revision = 0
+
+    def sub_index(self, t: float) -> int:
+        """The sub-window of monotonic time ``t``."""
+        return min(self.sub.k - 1, max(0, int((t - self.start) // self.sub_seconds)))
 
     def stats(self, scenario: str) -> ScenarioStats:
         s = self.scenarios.get(scenario)
@@ -79,15 +153,23 @@ class OpenWindow:
         s = self.stats(rec.scenario)
         s.count += 1
         s.outcomes[rec.outcome.value] += 1
+        sub = self.sub
+        j = min(sub.k - 1, max(0, rec.sub))
+        sub.requests[j] += 1
         if rec.outcome is Outcome.OK:
-            s.e2e.add(rec.e2e_seconds)
+            sub.ok[j] += 1
+            e2e = rec.e2e_seconds
+            s.e2e.add(e2e)
+            sub.add(j, "e2e", e2e)
             if rec.stream and rec.token_times_ns:
-                s.ttft.add((rec.token_times_ns[0] - rec.t_start_ns) / 1e9)
+                ttft = (rec.token_times_ns[0] - rec.t_start_ns) / 1e9
+                s.ttft.add(ttft)
+                sub.add(j, "ttft", ttft)
                 if gaps:
                     add = s.itl.add
                     for g in gaps:
-                        if g > 0:
-                            add(g)
+                        add(g if g > 0 else 0.0)
+                    sub.add(j, "itl", sum(gaps) / len(gaps))
                 s.streamed += 1
             s.prompt_tokens += rec.prompt_tokens
             ct = rec.completion_tokens
@@ -106,7 +188,7 @@ class OpenWindow:
 
     # ---- the summary
     def summary(self, actual_end: float | None = None, partial: bool = False, confidence: float = 0.95,
-                segment: int = 0) -> WindowSummary:
+                segment: int = 0, revision: int = 0) -> WindowSummary:
         end = actual_end if actual_end is not None else self.end
         wall = max(1e-9, end - self.start)
         dur = max(1e-9, wall - min(self.paused_seconds, wall * 0.999))
@@ -131,7 +213,7 @@ class OpenWindow:
                 e2e_seconds=quantiles(s.e2e, confidence),
                 ttft_seconds=quantiles(s.ttft, confidence),
                 itl_seconds=quantiles(s.itl, confidence, n_effective=s.streamed or None),
-                requests_per_second=s.count / dur,
+                requests_per_second=s.outcomes["ok"] / dur,
                 output_tokens_per_second=s.completion_tokens / dur,
                 completion_tokens=s.completion_tokens,
                 completion_tokens_sumsq=s.completion_tokens_sumsq,
@@ -154,12 +236,15 @@ class OpenWindow:
             e2e_seconds=quantiles(merged(s.e2e for s in sketches), confidence),
             ttft_seconds=quantiles(merged(s.ttft for s in sketches), confidence),
             itl_seconds=quantiles(merged(s.itl for s in sketches), confidence, n_effective=streamed or None),
-            requests_per_second=total / dur,
+            requests_per_second=ok / dur,
+            errors_per_second=(total - ok - outcomes.get("cancelled", 0)) / dur,
             output_tokens_per_second=ctoks / dur,
             prompt_tokens=ptoks,
             completion_tokens=ctoks,
             completion_tokens_sumsq=sumsq,
             late_records=self.late_records,
+            revision=revision,
+            subwindows=self.sub.summary(self.sub_seconds),
             scenarios=per,
             quiesce=self.quiesce,
             **({"device": tel.device(ctoks, dur), "server": tel.server(), "host": tel.host()}

@@ -72,6 +72,12 @@ class DriftConfig(_Model):
         "never flagged. 50 keeps the Poisson, Wilson and order-statistic approximations sound; "
         "quantiles need more (p95 needs 110 at 95%) and are insufficient below that anyway.",
     )
+    baseline_windows: int = Field(
+        4,
+        ge=1,
+        le=100,
+        description="Eligible windows after warm-up (full, target up, enough requests) pooled into the baseline.",
+    )
     metrics: list[str] = Field(
         default_factory=lambda: list(DEFAULT_METRICS),
         description="Tracked metrics: e2e/ttft/itl _p50/_p95/_p99, output_tokens_per_second, "
@@ -150,6 +156,18 @@ class LeakConfig(_Model):
         "quiesce probe, when it grows significantly from probe to probe.",
     )
     confidence: float = Field(0.95, gt=0.5, lt=1, description="Confidence of Sen's slope interval.")
+    exhaustion_budget_hours: float = Field(
+        168.0,
+        gt=0,
+        description="A sustained memory climb fails the run when memory runs out at its rate within this many "
+        "hours (default 7 days); a slower climb is a finding that does not fail.",
+    )
+    step_bytes: Bytes = Field(
+        64 * 2**20,
+        gt=0,
+        description="The smallest jump between two readings that counts as a step or a release (and at least five "
+        "times the readings' noise).",
+    )
 
     def budget_for(self, source: str) -> float:
         return {
@@ -168,7 +186,15 @@ class ThrottleConfig(_Model):
         0.1,
         ge=0,
         lt=1,
-        description="A reason active in more than this share of a window's device samples is throttling.",
+        description="A reason active in more than this share of one GPU's samples in a window is throttling, "
+        "when it has an impact (clock_drop_ratio, or latency drift in the window).",
+    )
+    clock_drop_ratio: float = Field(
+        0.03,
+        gt=0,
+        lt=1,
+        description="The SM clock this much below the baseline's is the impact that makes an active reason "
+        "throttling; without it (and without latency drift) a steady power cap at full load is healthy.",
     )
     reasons: list[str] = Field(
         default_factory=lambda: list(PERFORMANCE_REASONS),
@@ -244,6 +270,13 @@ class VerdictConfig(_Model):
     )
     error_budget: float = Field(
         0.01, ge=0, le=1, description="Run-wide share of failed measured requests allowed before 'errors' fails it."
+    )
+    min_judged_share: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="A run in which fewer of its full windows could be judged (target up, enough requests; "
+        "client-impaired windows are not judged either) ends INCONCLUSIVE (exit code 3), never PASS.",
     )
 
 

@@ -50,6 +50,7 @@ class RequestRecord:
         "text",
         "request_id",
         "wall_start",
+        "sub",
     )
 
     def __init__(self, scenario: str, endpoint: str = "chat", stream: bool = True) -> None:
@@ -75,6 +76,7 @@ class RequestRecord:
         self.text: str = ""
         self.request_id = ""
         self.wall_start = 0.0
+        self.sub = 0  # the sub-window of its window it was sent in (set by the window set)
 
     @property
     def ok(self) -> bool:

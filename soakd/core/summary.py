@@ -33,6 +33,7 @@ __all__ = [
     "RangeStat",
     "ScenarioSummary",
     "ServerSummary",
+    "SubWindows",
     "WindowSummary",
 ]
 
@@ -95,7 +96,8 @@ class MemoryStat(HostMemoryStat):
 
 class DeviceSummary(_Sparse):
     """GPU telemetry of the window, reduced across GPUs (memory, power, energy summed; the hottest
-    temperature; the mean SM clock; a clocks-event reason active when any GPU reports it)."""
+    temperature; the mean SM clock; per clocks-event reason the largest share of any one GPU, so
+    that reasons flickering on different GPUs do not add up)."""
 
     power_watts: PowerStat | None = None
     energy_joules: float | None = None
@@ -106,8 +108,10 @@ class DeviceSummary(_Sparse):
     sm_clock_hertz: RangeStat | None = None
     sm_clock_max_hertz: float | None = None
     utilization_ratio: MeanMax | None = None
-    throttle_share: dict[str, float] | None = None
+    throttle_share: dict[str, float] | None = None  # per reason: the largest share of any one GPU
+    throttle_share_by_gpu: dict[str, dict[str, float]] | None = None  # gpu -> reason -> share of its samples
     memory_used_bytes: MemoryStat | None = None
+    memory_total_bytes: float | None = None
     target_gpu_memory_bytes: MemoryStat | None = None
 
 
@@ -131,6 +135,24 @@ class QuiesceProbe(_Part):
     kv_cache_usage_ratio: float | None = None
     memory_used_bytes: float | None = None
     seconds: float | None = None
+
+
+class SubWindows(_Part):
+    """The window cut into equal sub-windows (``seconds`` long, by send time): per sub-window the
+    requests, the successful ones and the geometric mean of e2e, TTFT and each request's mean
+    inter-token gap (None where a sub-window has none). The per-minute series of the run, and the
+    batch means behind ``extra_var``: per latency family (``e2e``, ``ttft``, ``itl``) the variance
+    of the window's log-latency level beyond what independent requests would give (batching, slowly
+    varying load), added to every quantile's sampling variance of that family."""
+
+    seconds: float
+    requests: list[int] = Field(default_factory=list)
+    ok: list[int] = Field(default_factory=list)
+    e2e: list[float | None] = Field(default_factory=list)
+    ttft: list[float | None] = Field(default_factory=list)
+    itl: list[float | None] = Field(default_factory=list)
+    extra_var: dict[str, float] = Field(default_factory=dict)
+    inflation: dict[str, float] = Field(default_factory=dict)  # batch-means variance / independent variance
 
 
 class ScenarioSummary(_Part):
@@ -168,12 +190,15 @@ class WindowSummary(_Part):
     e2e_seconds: Quantiles = Field(default_factory=Quantiles)
     ttft_seconds: Quantiles = Field(default_factory=Quantiles)
     itl_seconds: Quantiles = Field(default_factory=Quantiles)
-    requests_per_second: float = 0.0
+    requests_per_second: float = 0.0  # successful requests per second of load time
+    errors_per_second: float = 0.0  # requests that did not succeed (cancelled ones aside), per second
     output_tokens_per_second: float = 0.0
     prompt_tokens: int = 0
     completion_tokens: int | None = None  # None: a document that lacks it (derived from the rate)
     completion_tokens_sumsq: float | None = None  # the sum of squared per-request token counts (rate CIs)
-    late_records: int = 0
+    late_records: int = 0  # requests that finished after the window closed (counted in by a revision)
+    revision: int = 0  # 0: as closed on time; n: revised n times with requests that finished late
+    subwindows: SubWindows | None = None
     scenarios: dict[str, ScenarioSummary] = Field(default_factory=dict)
     device: DeviceSummary = Field(default_factory=DeviceSummary)
     server: ServerSummary = Field(default_factory=ServerSummary)

@@ -199,6 +199,9 @@ def _verdict_section(run: Any) -> dict[str, Any]:
         "findings": dict(v.get("findings") or {}),
         "stability": dict(v.get("stability") or {}),
         "recurring_drops": dict(v.get("recurring_drops") or {}),
+        "inconclusive": v.get("inconclusive"),
+        "drift": dict(v.get("drift") or {}),
+        "leaks": list(v.get("leaks") or []),
     }
     return out
 

@@ -37,7 +37,7 @@ h3{font-size:15px;margin:18px 0 6px}
 .card{background:#fff;border:1px solid #e1e3e6;border-radius:8px;padding:14px 16px;margin:12px 0}
 .verdict{display:flex;gap:16px;align-items:flex-start}
 .badge{font-weight:700;font-size:20px;padding:6px 16px;border-radius:6px;color:#fff;white-space:nowrap}
-.PASS{background:#1a7f37}.FAIL{background:#cf222e}.INCOMPLETE{background:#6e7781}
+.PASS{background:#1a7f37}.FAIL{background:#cf222e}.INCOMPLETE{background:#6e7781}.INCONCLUSIVE{background:#9a6700}
 .interim{font-size:12px;color:#57606a;margin-top:4px}
 .facts{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px;margin:0}
 .facts dt{font-weight:600;color:#57606a}.facts dd{margin:0;word-break:break-word}
@@ -93,6 +93,8 @@ def render_html(report: dict[str, Any]) -> str:
     ]  # fmt: skip
     if v["reasons"]:
         P.append("<ul class=findings>" + "".join(f"<li>{_h(r)}</li>" for r in v["reasons"]) + "</ul>")
+    elif v.get("inconclusive"):
+        P.append(f"<p>{_h(v['inconclusive'])}</p>")
     elif res == "PASS":
         P.append("<p>No finding failed the run: no drift beyond the thresholds with confidence; no leak, "
                  "throttle, canary or error-budget failure.</p>")

@@ -40,6 +40,8 @@ def _verdict_line(report: dict[str, Any]) -> str:
     v = report["verdict"]
     res = v["result"]
     tail = " (interim: the run is resumable and has not ended)" if v.get("interim") and res != "INCOMPLETE" else ""
+    if res == "INCONCLUSIVE" and v.get("inconclusive"):
+        tail += f" — {v['inconclusive']}"
     return f"{res}{tail}"
 
 

@@ -53,8 +53,8 @@ def format_summary(report: dict[str, Any], process: Any = None) -> str:
         stab = verdict.get("stability") or {}
         unstable = [m for m, v in stab.items() if v.get("stable") is False]
         lines.append("")
-        lines.append(f" verdict: {verdict.get('result')}" + (
-            "" if verdict.get("passed") else " — " + "; ".join(verdict.get("reasons") or [])))
+        why = verdict.get("reasons") or ([verdict["inconclusive"]] if verdict.get("inconclusive") else [])
+        lines.append(f" verdict: {verdict.get('result')}" + (" — " + "; ".join(why) if why else ""))
         if stab:
             lines.append(" stability ((max-min)/median over full windows, method's 5%): "
                          + ("all tracked quantities within" if not unstable else "outside for " + ", ".join(unstable)))

@@ -7,7 +7,9 @@
    summary (``kubectl logs`` is the live tail; ``soakd report --format json`` the record).
 
 Windows are processed one at a time, in the order they closed, whoever submits them (the tick,
-the end of the run).
+the end of the run). A revision (a window counted again with the requests that finished after it
+closed, ``revision`` > 0) replaces the stored summary and is logged (``window_revised``); the
+analysis keeps the judgement it made when the window closed on time.
 """
 
 from __future__ import annotations
@@ -44,6 +46,12 @@ class WindowPipeline:
 
     async def _process(self, w: WindowSummary) -> None:
         an = self.analyzer
+        if w.revision:
+            if self.session.store is not None:
+                await self.session.save_window(w)
+            log.info("window_revised", window=w.window, revision=w.revision, late_records=w.late_records,
+                     requests=w.requests)
+            return
         had_baseline = an.baseline is not None
         if self.session.store is not None:
             await self.session.save_window(w)

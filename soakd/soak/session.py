@@ -138,7 +138,7 @@ class RunSession:
         await self.call("segment", store.end_segment(self.run_id, self.segment, reason))
         if reason not in GRACEFUL_STOPS:
             await self.call("finish", store.finish_run(self.run_id, reason,
-                                                       status="finished" if verdict.get("passed") else "failed"))
+                                                       status="failed" if verdict.get("result") == "FAIL" else "finished"))
 
     async def close(self) -> None:
         if self.store is not None:

@@ -3,9 +3,12 @@
 ``WindowSet`` keeps one :class:`~soakd.analysis.window.OpenWindow` per window that has
 requests in flight, samples or a quiesce probe, adds intervals (probe pauses, the target being
 down) to the windows they overlap, and closes a window once it has ended and its requests
-have finished — or ``patience`` after its end (``RunPolicies.close_patience``), when the
-stragglers become the window's ``late_records``. Closed windows come out as
-:class:`~soakd.core.summary.WindowSummary`; their sketches are dropped (bounded memory).
+have finished — or ``patience`` after its end (``RunPolicies.close_patience``). Closed windows
+come out as :class:`~soakd.core.summary.WindowSummary`. A request still in flight when its
+window closed is never dropped: when it finishes it is counted into the window it was sent in
+(``late_records``), and once the window's last straggler has finished (or the run ends) the
+window comes out again as a revision (``revision`` 1, 2, …) that replaces the stored summary.
+Then its sketches are dropped (bounded memory).
 """
 
 from __future__ import annotations
@@ -52,7 +55,9 @@ class WindowSet:
 
     # ---- what comes in
     def started(self, rec: RequestRecord) -> None:
-        self.window_for(rec.window).in_flight += 1
+        w = self.window_for(rec.window)
+        w.in_flight += 1
+        rec.sub = w.sub_index(self.clock.monotonic())
 
     def finished(self, rec: RequestRecord, gaps: list[float] | None) -> None:
         """A finished request: into its window, or counted late when that closed already."""
@@ -64,7 +69,6 @@ class WindowSet:
             return
         if w.closed:
             w.late_records += 1
-            return
         w.add(rec, gaps)
 
     def add_samples(self, series: list[Series], t: float) -> int | None:
@@ -108,6 +112,12 @@ class WindowSet:
             if not w.closed:
                 setattr(w, attr, getattr(w, attr) + overlap)
 
+    def _revise(self, w: OpenWindow) -> WindowSummary:
+        w.revision += 1
+        end, partial = w.closed_as
+        return w.summary(actual_end=end, partial=partial, confidence=self.confidence, segment=self.segment,
+                         revision=w.revision)
+
     # ---- closing
     def close_due(self, now: float, final: bool = False) -> list[WindowSummary]:
         """Close every window that has ended and drained (or waited ``patience``). ``final``: the
@@ -136,11 +146,15 @@ class WindowSet:
                 if w.in_flight > 0 and now < w.end + self.patience:
                     continue
                 summary = w.summary(partial=short, confidence=self.confidence, segment=self.segment)
+            w.closed_as = (min(now, w.end) if final else None, summary.partial)
             w.closed = True
             self.last_closed = max(self.last_closed, index)
             self.closed_count += 1
             out.append(summary)
-        for index in [i for i, w in self.open.items() if w.closed and w.in_flight <= 0]:
+        for index, w in sorted(self.open.items()):
+            if w.closed and index >= tl.first_index and w.late_records and (w.in_flight <= 0 or final):
+                out.append(self._revise(w))
+        for index in [i for i, w in self.open.items() if w.closed and (w.in_flight <= 0 or final)]:
             del self.open[index]
         warm = self.open.get(-1)
         if warm is not None and (final or now >= tl.first_window_start) and warm.in_flight <= 0:

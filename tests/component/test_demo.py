@@ -34,7 +34,9 @@ async def test_demo(tmp_path: Path) -> None:
         "demo", "--duration", "8s", "--window", "2s", "--warmup", "1s", "--metrics-port", "0", "--no-progress",
         cwd=tmp_path, timeout=60,
     )  # fmt: skip
-    assert rc == 0, out[-3000:] + err[-3000:]
+    # ~20 requests per 2 s window are below min_requests (50): nothing can be judged, and soakd says so
+    assert rc == 3, out[-3000:] + err[-3000:]
+    assert re.search(r"verdict: INCONCLUSIVE — 0 of \d full windows could be judged", out), out[-1500:]
     assert "soakd demo: simulator at http://127.0.0.1:" in out
     assert "metrics at http://127.0.0.1:0/" not in out  # port 0 is not an address anyone can use
     assert "soakd summary" in out and "ended: duration" in out
@@ -126,7 +128,7 @@ async def test_target_down_at_start_then_up(tmp_path: Path) -> None:
             rc = await proc.finish()
     finally:
         await proc.kill()
-    assert rc == 0, proc.output()[-3000:]
+    assert rc == 3, proc.output()[-3000:]  # two 1 s windows: INCONCLUSIVE (exit code 3), not a failure
     assert finished["stop_reason"] == "duration"
     assert finished["requests_measured"] > 0 and set(finished["outcomes"]) == {"ok"}
     # logged once while down, not once per retry

@@ -298,7 +298,8 @@ async def test_every_catalogue_metric_appears_in_a_live_scrape(tmp_path: Path) -
             "load": {"concurrency": 4, "mix": {"short_chat": 1}},
             "scenarios": {"short_chat": {"max_tokens": 8}},
             "samplers": {"interval": 0.2, "nvml": {"mode": "on"}, "host": {"target_pid": os.getpid()}},
-            "analysis": {"quiesce": {"settle": 0.05}, "canary": {"max_tokens": 4}},
+            "analysis": {"quiesce": {"settle": 0.05}, "canary": {"max_tokens": 4},
+                         "drift": {"baseline_windows": 1}},  # drift ratios from the second window on
             "metrics": {"host": "127.0.0.1", "port": 0}, "log": {"progress": False},
         }, environ={})  # fmt: skip
         runtime = Runtime(cfg, progress=False, nvml_module=fake_pynvml, new_run=True)

@@ -5,6 +5,16 @@ release before the move (soakd at commit f14e072, with ``SOAKD_UPDATE_GOLDEN=1``
 must not be regenerated to make a test pass: a difference is a change of behaviour, to be
 explained or fixed.
 
+Regenerated once, for issue 11 (verdicts with run-level error control), whose intended differences
+are: window summaries gain ``errors_per_second``, ``revision``, ``subwindows`` and per-GPU throttle
+shares (``throttle_share_by_gpu``, ``memory_total_bytes``); ``requests_per_second`` counts successes;
+inter-token gaps of 0 stay in the ITL sketches (counts and quantiles of ``itl_seconds`` move);
+the verdict gains ``drift`` (change points, segment changes, trends), ``leaks`` and
+``inconclusive``; the stored run's analysis pools a 4-window baseline, so its live drift flags
+(Bonferroni over the run) are gone, its throttling without flagged latency drift is a warning, and
+the end of the run finds the latency step as one *confident* change; the device-memory growth is
+that of the sustained part. Everything else is as the release before the move wrote it.
+
 1. ``report-*.{json,md}``: ``soakd report`` of the two runs in ``tests/fixtures/state-v2`` (a
    state dir that release wrote: a finished run with throttling, a power cap and a latency step,
    and a resumable run stopped by SIGTERM), exact modulo the generation time.

@@ -458,6 +458,6 @@ async def test_demo_exposes_gpu_and_server_series_that_follow_the_load(tmp_path)
         rc = await proc.finish(timeout=20)
     finally:
         await proc.kill()
-    assert rc == 0, proc.output()[-3000:] + proc.stderr[-2000:]
+    assert rc == 3, proc.output()[-3000:] + proc.stderr[-2000:]  # four 2 s windows: too few to judge
     finished = [json.loads(line) for line in proc.lines if '"soakd_finished"' in line]
     assert finished and finished[-1]["outcomes"].get("ok", 0) > 0

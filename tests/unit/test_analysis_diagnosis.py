@@ -36,13 +36,16 @@ def test_latency_drift_with_thermal_throttling_is_throttling() -> None:
     assert "performance drift" not in f
 
 
-def test_throttling_without_latency_drift_is_a_warning() -> None:
+def test_a_reason_without_impact_is_no_throttling_and_a_clock_drop_is() -> None:
     rng = random.Random(2)
-    base = make_window(0, rng, 2000)
-    w = make_window(1, rng, 2000, device=device({"sw_power_cap": 0.3}, 1.9e9))
-    f = _by(diagnose(w, drift.evaluate(w, base, None), throttle.evaluate(w, base)))
-    assert f["throttling"].severity == "warning"
-    assert "without measurable latency drift" in f["throttling"].message
+    base = make_window(0, rng, 2000, device=device({"sw_power_cap": 0.3}, 1.9e9))
+    capped = make_window(1, rng, 2000, device=device({"sw_power_cap": 0.3}, 1.9e9))  # clock as at the baseline
+    assert "throttling" not in _by(diagnose(capped, [], throttle.evaluate(capped, base)))
+    (r,) = [t for t in throttle.evaluate(capped, base) if t.reason == "sw_power_cap"]
+    assert r.active and not r.impact and not r.detected
+    slower = make_window(2, rng, 2000, device=device({"sw_power_cap": 0.3}, 1.7e9))  # 10.5% below the baseline
+    f = _by(diagnose(slower, [], throttle.evaluate(slower, base)))
+    assert f["throttling"].severity == "warning" and "without measurable latency drift" in f["throttling"].message
 
 
 def test_latency_drift_without_throttling_is_performance_drift() -> None:

@@ -44,14 +44,14 @@ def test_thermal_throttle_detected_with_clock_drop_vs_baseline() -> None:
 
 def test_share_at_or_below_max_share_is_not_detected() -> None:
     w = window(1, shares={"sw_power_cap": 0.1, "hw_slowdown": 0.05})
-    assert not any(r.detected for r in evaluate(w, None))
-    assert any(r.detected for r in evaluate(w, None, ThrottleConfig(max_share=0.05)))
+    assert not any(r.active for r in evaluate(w, None))
+    assert any(r.active for r in evaluate(w, None, ThrottleConfig(max_share=0.05)))
 
 
-def test_power_cap_without_baseline_uses_max_clock() -> None:
+def test_power_cap_without_baseline_uses_max_clock_and_is_not_judged() -> None:
     w = window(2, shares={"sw_power_cap": 0.8}, sm_mean=1.5e9)
-    (r,) = [r for r in evaluate(w, None) if r.detected]
-    assert r.kind == "power" and r.sm_clock_reference_kind == "max"
+    (r,) = [r for r in evaluate(w, None) if r.active]
+    assert r.kind == "power" and r.sm_clock_reference_kind == "max" and not r.detected  # no reference: no impact
     assert r.sm_clock_drop_ratio == pytest.approx(1 - 1.5 / 1.98)
     # the window as its own baseline falls back to the max clock too
     assert evaluate(w, w)[0].sm_clock_reference_kind == "max"
@@ -61,9 +61,9 @@ def test_no_device_data_and_custom_reasons() -> None:
     assert evaluate(WindowSummary(window=0), None) == []
     assert evaluate(WindowSummary.load({"window": 0, "device": {"power_watts": {"mean": 1}}}), None) == []
     w = window(3, shares={"sync_boost": 0.9})
-    assert not any(r.detected for r in evaluate(w, None))
+    assert not any(r.active for r in evaluate(w, None))
     (r,) = evaluate(w, None, ThrottleConfig(reasons=["sync_boost"]))
-    assert r.detected
+    assert r.active
 
 
 def test_config_validation() -> None:
@@ -73,3 +73,12 @@ def test_config_validation() -> None:
         ThrottleConfig(max_share=1.5)
     with pytest.raises(ValidationError):
         ThrottleConfig(share=0.2)
+
+
+def test_a_steady_power_cap_is_healthy_unless_latency_drifted() -> None:
+    base = window(0, shares={"sw_power_cap": 1.0}, sm_mean=1.755e9)
+    w = window(6, shares={"sw_power_cap": 1.0}, sm_mean=1.755e9)  # capped from the start, the clock steady
+    (r,) = [r for r in evaluate(w, base) if r.reason == "sw_power_cap"]
+    assert r.active and r.sm_clock_drop_ratio == pytest.approx(0.0) and not r.impact and not r.detected
+    (r,) = [r for r in evaluate(w, base, latency_drift=True) if r.reason == "sw_power_cap"]
+    assert r.impact and r.detected

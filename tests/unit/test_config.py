@@ -263,7 +263,7 @@ async def test_key_reaches_the_server_but_never_logs_or_summary(tmp_path: Path) 
             "--log-format", "json", "--log-level", "debug", "--no-progress",
             env=soakd_env(MY_LLM_KEY=SECRET), timeout=30,
         )  # fmt: skip
-    assert rc == 0, out[-2000:] + err[-2000:]
+    assert rc == 3, out[-2000:] + err[-2000:]  # two 1 s windows: too few to judge (INCONCLUSIVE)
     assert SECRET not in out and SECRET not in err
     events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert any(e.get("event") == "soakd_started" for e in events)

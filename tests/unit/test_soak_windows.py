@@ -39,9 +39,33 @@ def test_a_window_closes_when_its_requests_finished_or_after_the_patience() -> N
     assert ws.close_due(171.0) == []  # over, one request still in flight: wait
     closed = ws.close_due(175.5)  # the patience ran out
     assert [w.window for w in closed] == [0] and closed[0].requests == 1 and not closed[0].partial
-    ws.finished(slow, [0.01])  # finished after its window closed: counted late, not lost silently
-    assert ws.close_due(176.0) == []
+    ws.finished(slow, [0.01])  # finished after its window closed: counted into it by a revision
+    revised = ws.close_due(176.0)
+    assert [(w.window, w.revision, w.late_records, w.requests) for w in revised] == [(0, 1, 1, 2)]
+    assert revised[0].e2e_seconds.count == 2 and not revised[0].partial
+    assert ws.close_due(177.0) == []  # revised once, then gone
     assert ws.closed_count == 1
+
+
+def test_sub_windows_follow_the_send_time_and_zero_gaps_count() -> None:
+    clock = ManualClock(100.0)
+    ws = _set(clock)
+    for t in (111.0, 112.0, 125.0):  # sub-windows of 6 s (a tenth of the 60 s window): 0, 0, 2
+        clock.now = t
+        r = _record(0, t)
+        ws.started(r)
+        ws.finished(r, [0.0, 0.02])
+    bad = _record(0, 140.0, ok=False)
+    clock.now = 140.0
+    ws.started(bad)
+    ws.finished(bad, None)
+    (w,) = ws.close_due(171.0)
+    sub = w.subwindows
+    assert sub is not None and sub.seconds == 6.0 and len(sub.requests) == 10
+    assert sub.requests[:6] == [2, 0, 1, 0, 0, 1] and sub.ok[:6] == [2, 0, 1, 0, 0, 0]
+    assert sub.e2e[0] is not None and abs(sub.e2e[0] - 0.03) < 1e-9 and sub.e2e[1] is None
+    assert w.itl_seconds.count == 6 and w.itl_seconds.p50 == 0.0  # the zero gaps stay in the sketch
+    assert w.requests_per_second == 3 / 60.0 and w.errors_per_second == 1 / 60.0  # successes only
 
 
 def test_intervals_samples_and_the_probe_go_to_their_window() -> None:

@@ -1,0 +1,421 @@
+#!/usr/bin/env python3
+"""Verdict quality: how often soakd fails a healthy server, and how often it misses a regression.
+
+Each cell simulates whole soaks (by default 24 windows of 30 minutes, 3,000 requests per window)
+on simulated time and sends them through soakd's real path: request records into the open
+windows' sketches (``soakd.soak.windows.WindowSet``), telemetry snapshots and quiesce probes into
+the same windows, each closed ``WindowSummary`` through the analysis engine
+(``soakd.analysis.engine.Analyzer``) with the default configuration, and at the end the verdict.
+Nothing in soakd knows the time is simulated: the window set reads a ``ManualClock``.
+
+Per cell it prints the share of runs whose final verdict FAILs, the share with any live flag
+(a window in which ``soakd_drift_detected``, ``soakd_memory_leak_suspected`` or
+``soakd_throttle_detected`` was 1 — what alerts page on), which findings caused them, and for
+detection cells the share that FAILed by the window the target names.
+
+Noise models (per request, multiplicative on every latency):
+
+- ``iid``: lognormal, sigma 0.5 (median 1 s end to end);
+- ``ar``: the iid noise times a load factor ``exp(x)``, ``x`` an AR(1) process with the given
+  standard deviation and memory (a correlation time in requests, or in seconds of simulated
+  time): slowly varying load, as real servers see it;
+- ``closed``: a closed loop of 16 workers on a server that slows down with the number of long
+  requests in flight (a discrete-event simulation of the batch).
+
+Usage::
+
+    python benchmarks/verdict_quality.py             # 200 runs per cell (long: tens of minutes on 2 cores)
+    python benchmarks/verdict_quality.py --quick     # 20 runs per cell
+    python benchmarks/verdict_quality.py --cells stationary-iid,step-10 --runs 50
+    python benchmarks/verdict_quality.py --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import math
+import os
+import random
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from soakd.analysis.engine import Analyzer  # noqa: E402
+from soakd.config import AnalysisConfig  # noqa: E402
+from soakd.core.records import Outcome, RequestRecord  # noqa: E402
+from soakd.core.series import Series  # noqa: E402
+from soakd.core.summary import QuiesceProbe  # noqa: E402
+from soakd.core.timeline import ManualClock, Timeline  # noqa: E402
+from soakd.soak.windows import WindowSet  # noqa: E402
+
+MIB = 2**20
+GIB = 2**30
+SIGMA = 0.5
+GAPS = 3  # inter-token gaps per request (enough for the ITL sketches, cheap to simulate)
+
+
+# ---------------------------------------------------------------------------------------------
+# what a cell simulates
+
+
+@dataclass(frozen=True)
+class Cell:
+    name: str
+    what: str  # the row's description
+    target: str  # what must hold, in words
+    noise: str = "iid"  # iid | ar | closed
+    ar_sd: float = 0.0
+    ar_memory: float = 0.0  # correlation time
+    ar_unit: str = "requests"  # requests | seconds
+    step_at: int | None = None  # window index of a latency step
+    step: float = 0.0  # relative size of the step (0.10 = +10%)
+    step_on: str = "all"  # all | p95 (the tail only)
+    creep: float = 0.0  # relative change per window
+    memory: str = "flat"  # flat | ramp | step | sawtooth | leak
+    leak_mb_per_hour: float = 0.0
+    probe_noise_mib: float = 0.0
+    power_cap: bool = False
+    requests: int = 3000
+    windows: int = 24
+    window_s: float = 1800.0
+    expect: str = "pass"  # pass | fail_by | no_confident | trend | leak_by
+    by_window: int | None = None
+    limit: float = 0.0  # the target share (upper bound for pass cells, lower bound otherwise)
+
+
+CELLS: tuple[Cell, ...] = (
+    Cell("stationary-iid", "stationary, iid lognormal sigma 0.5", "false FAIL <= 1%", limit=0.01),
+    Cell("ar-5-10req", "stationary, AR(1) load +-5%, memory 10 requests", "false FAIL <= 2%",
+         noise="ar", ar_sd=0.05, ar_memory=10, limit=0.02),
+    Cell("ar-10-10req", "stationary, AR(1) load +-10%, memory 10 requests", "false FAIL <= 2%",
+         noise="ar", ar_sd=0.10, ar_memory=10, limit=0.02),
+    Cell("ar-20-10req", "stationary, AR(1) load +-20%, memory 10 requests", "false FAIL <= 2%",
+         noise="ar", ar_sd=0.20, ar_memory=10, limit=0.02),
+    Cell("ar-5-1min", "stationary, AR(1) load +-5%, memory 1 minute", "false FAIL <= 2%",
+         noise="ar", ar_sd=0.05, ar_memory=60, ar_unit="seconds", limit=0.02),
+    Cell("ar-10-1min", "stationary, AR(1) load +-10%, memory 1 minute", "false FAIL <= 2%",
+         noise="ar", ar_sd=0.10, ar_memory=60, ar_unit="seconds", limit=0.02),
+    Cell("ar-20-1min", "stationary, AR(1) load +-20%, memory 1 minute", "false FAIL <= 2%",
+         noise="ar", ar_sd=0.20, ar_memory=60, ar_unit="seconds", limit=0.02),
+    Cell("ar-5-10min", "stationary, AR(1) load +-5%, memory 10 minutes", "false FAIL <= 5%",
+         noise="ar", ar_sd=0.05, ar_memory=600, ar_unit="seconds", limit=0.05),
+    Cell("closed-batch", "closed loop, latency follows the batch (long requests in flight)", "false FAIL <= 2%",
+         noise="closed", limit=0.02),
+    Cell("mem-ramp", "device memory +600 MiB while warming up, then flat", "false leak <= 2%",
+         memory="ramp", probe_noise_mib=50, limit=0.02),
+    Cell("mem-step", "device memory one +512 MiB step at hour 2, flat after", "false leak <= 2%",
+         memory="step", probe_noise_mib=50, limit=0.02),
+    Cell("mem-sawtooth", "device memory 4 h sawtooth (1 GiB up, released)", "false leak <= 2%",
+         memory="sawtooth", probe_noise_mib=50, limit=0.02),
+    Cell("power-cap", "GPU power-capped at full load, clocks steady", "false throttle FAIL <= 1%",
+         power_cap=True, limit=0.01),
+    Cell("step-10", "+10% latency step at window 12", "FAIL by window 14 >= 95%",
+         step_at=12, step=0.10, expect="fail_by", by_window=14, limit=0.95),
+    Cell("step-8", "+8% latency step at window 12", "FAIL by window 14 >= 80%",
+         step_at=12, step=0.08, expect="fail_by", by_window=14, limit=0.80),
+    Cell("step-8-p95", "+8% step of the tail (p95) at window 12, 10,000 requests per window",
+         "FAIL by window 14 >= 80%", step_at=12, step=0.08, step_on="p95", requests=10000, expect="fail_by",
+         by_window=14, limit=0.80),
+    Cell("step-4", "+4% latency step at window 12", "confident drift <= 5%", step_at=12, step=0.04,
+         expect="no_confident", limit=0.05),
+    Cell("creep", "latency creep +0.25% per window (+6% over the run)", "trend found by the end >= 90%",
+         creep=0.0025, expect="trend", limit=0.90),
+    Cell("leak-50", "50 MB/h device-memory leak, 50 MiB noise per idle probe", "leak finding by hour 8 >= 95%",
+         memory="leak", leak_mb_per_hour=50, probe_noise_mib=50, expect="leak_by", by_window=16, limit=0.95),
+    Cell("leak-50-noisy", "50 MB/h device-memory leak, 200 MiB noise per idle probe", "report the rate",
+         memory="leak", leak_mb_per_hour=50, probe_noise_mib=200, expect="leak_by", by_window=24, limit=0.0),
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# one simulated run
+
+
+class LoadFactor:
+    """exp(x), x an AR(1) process of standard deviation ``sd`` and correlation time ``memory``
+    (in steps of ``dt``)."""
+
+    def __init__(self, rng: random.Random, sd: float, memory: float) -> None:
+        self.rng, self.sd, self.memory = rng, sd, max(memory, 1e-9)
+        self.x = rng.gauss(0.0, sd) if sd > 0 else 0.0
+
+    def step(self, dt: float = 1.0) -> float:
+        if self.sd <= 0:
+            return 1.0
+        phi = math.exp(-dt / self.memory)
+        self.x = phi * self.x + math.sqrt(max(0.0, 1 - phi * phi)) * self.sd * self.rng.gauss(0.0, 1.0)
+        return math.exp(self.x)
+
+
+def latency_scale(cell: Cell, window: int, t_in_run: float) -> float:
+    s = 1.0
+    if cell.step_at is not None and window >= cell.step_at and cell.step_on == "all":
+        s *= 1.0 + cell.step
+    if cell.creep:
+        s *= 1.0 + cell.creep * (t_in_run / cell.window_s)
+    return s
+
+
+def tail_scale(cell: Cell, window: int, z: float) -> float:
+    """A step of the tail only: requests beyond the median (z > 0) slower in proportion to z."""
+    if cell.step_at is None or window < cell.step_at or cell.step_on != "p95" or z <= 0:
+        return 1.0
+    return 1.0 + cell.step * min(1.0, z / 1.645)
+
+
+def arrivals(cell: Cell, rng: random.Random) -> Iterator[tuple[float, float, float]]:
+    """(send time, e2e seconds, ttft seconds) of every request, in send order (open loop)."""
+    rate = cell.requests / cell.window_s
+    end = cell.windows * cell.window_s
+    per_request = cell.ar_unit == "requests"
+    lf = LoadFactor(rng, cell.ar_sd, cell.ar_memory)
+    t = 0.0
+    while True:
+        dt = rng.expovariate(rate)
+        t += dt
+        if t >= end:
+            return
+        load = lf.step(1.0 if per_request else dt)
+        w = int(t // cell.window_s)
+        z = rng.gauss(0.0, 1.0)
+        e2e = math.exp(SIGMA * z) * load * latency_scale(cell, w, t) * tail_scale(cell, w, z)
+        ttft = 0.1 * math.exp(0.4 * rng.gauss(0.0, 1.0)) * load * latency_scale(cell, w, t) * tail_scale(cell, w, z)
+        yield t, e2e, min(ttft, e2e * 0.9)
+
+
+def closed_loop(cell: Cell, rng: random.Random, workers: int = 16) -> Iterator[tuple[float, float, float]]:
+    """A closed loop of ``workers`` on a server whose speed depends on the batch: each request is
+    short (80%) or long (20%, 5x the tokens); a request's time is its tokens x a per-token time
+    that grows with the long requests in flight. Yields in send order."""
+    end = cell.windows * cell.window_s
+    base = cell.window_s * workers / cell.requests  # mean request time that gives ~requests per window
+    in_flight_long = 0
+    events: list[tuple[float, int, bool]] = []  # (finish time, worker, long)
+    pending: list[tuple[float, float, float]] = []
+
+    def start(now: float, worker: int) -> None:
+        nonlocal in_flight_long
+        long = rng.random() < 0.2
+        tokens = 5.0 if long else 1.0
+        in_flight_long += long
+        slow = 1.0 + 0.15 * in_flight_long  # the batch: long requests slow everyone down
+        e2e = base / 1.8 * tokens * slow * math.exp(0.3 * rng.gauss(0.0, 1.0))
+        ttft = min(e2e * 0.9, 0.1 * slow * math.exp(0.4 * rng.gauss(0.0, 1.0)))
+        heapq.heappush(events, (now + e2e, worker, long))
+        pending.append((now, e2e, ttft))
+
+    for w in range(workers):
+        start(rng.uniform(0, base), w)
+    while events:
+        t, worker, long = heapq.heappop(events)
+        in_flight_long -= long
+        if t < end:
+            start(t, worker)
+    pending.sort()
+    yield from pending
+
+
+def memory_at(cell: Cell, t: float, rng: random.Random) -> float:
+    """Idle device memory (bytes) at simulated time ``t`` (the quiesce probe's reading)."""
+    base = 40 * GIB
+    h = t / 3600.0
+    if cell.memory == "ramp":
+        base += 600 * MIB * min(1.0, h / 1.5)  # warming up over the first 1.5 h
+    elif cell.memory == "step":
+        base += 512 * MIB if h >= 2.0 else 0.0
+    elif cell.memory == "sawtooth":
+        base += GIB * ((h % 4.0) / 4.0)
+    elif cell.memory == "leak":
+        base += cell.leak_mb_per_hour * 1e6 * h
+    return base + rng.gauss(0.0, cell.probe_noise_mib * MIB) if cell.probe_noise_mib else base
+
+
+@dataclass
+class RunResult:
+    failed: bool
+    fail_window: int | None  # the earliest window a failing finding names
+    live_flag: bool
+    reasons: list[str] = field(default_factory=list)
+    confident: bool = False
+    trend: bool = False
+    leak_window: int | None = None
+
+
+def _record(t: float, e2e: float, ttft: float, window: int) -> RequestRecord:
+    r = RequestRecord("short_chat")
+    r.window = window
+    start = int(t * 1e9)
+    r.t_start_ns = start
+    first = start + int(ttft * 1e9)
+    step = (e2e - ttft) / GAPS
+    r.token_times_ns = [first + int(i * step * 1e9) for i in range(GAPS + 1)]
+    r.t_end_ns = r.token_times_ns[-1]
+    r.completion_tokens = GAPS + 1
+    r.prompt_tokens = 128
+    r.usage_from_server = True
+    return r
+
+
+def _telemetry(cell: Cell, t: float) -> list[Series]:
+    shares = 1.0 if cell.power_cap else 0.0
+    lab = (("gpu", "0"), ("uuid", "GPU-0"))
+    out = [
+        Series("soakd_gpu_power_watts", 650.0 if cell.power_cap else 450.0, lab),
+        Series("soakd_gpu_sm_clock_hertz", 1.755e9 if cell.power_cap else 1.98e9, lab),
+        Series("soakd_gpu_sm_clock_max_hertz", 1.98e9, lab),
+        Series("soakd_gpu_memory_used_bytes", 60 * GIB, lab),
+        Series("soakd_gpu_memory_total_bytes", 80 * GIB, lab),
+    ]
+    for reason in ("sw_power_cap", "sw_thermal", "hw_slowdown", "hw_thermal", "hw_power_brake"):
+        active = shares if reason == "sw_power_cap" else 0.0
+        out.append(Series("soakd_gpu_clocks_event_active", active, (*lab, ("reason", reason))))
+    return out
+
+
+def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> RunResult:
+    rng = random.Random(seed)
+    clock = ManualClock(0.0)
+    tl = Timeline(0.0, 0.0, cell.window_s, cell.windows * cell.window_s)
+    windows = WindowSet(tl, confidence=0.95, patience=min(cell.window_s, 120.0), clock=clock)
+    analyzer = Analyzer(config or AnalysisConfig(), planned_windows=cell.windows)
+    live = False
+    source = closed_loop(cell, rng) if cell.noise == "closed" else arrivals(cell, rng)
+    next_sample = 15.0
+    next_probe = cell.window_s / 2
+
+    live_drift = False
+
+    def close(now: float, final: bool = False) -> None:
+        nonlocal live, live_drift
+        for w in windows.close_due(now, final=final):
+            if w.revision:
+                continue
+            analyzer.add_window(w)
+            live_drift = live_drift or any(analyzer.drift_active.values())
+            if any(analyzer.drift_active.values()) or analyzer.throttle_detected or any(
+                    lk.fails for lk in analyzer.leaks.values()):
+                live = True
+
+    for t, e2e, ttft in source:
+        while next_sample <= t:
+            clock.now = next_sample
+            windows.add_samples(_telemetry(cell, next_sample), next_sample)
+            next_sample += 30.0
+        while next_probe <= t:
+            w = tl.window_at(next_probe)
+            probe = QuiesceProbe(t_unix=clock.wall_offset + next_probe, window=w, drained=True,
+                                 kv_cache_usage_ratio=0.0, memory_used_bytes=memory_at(cell, next_probe, rng),
+                                 seconds=2.0)
+            windows.set_probe(probe)
+            analyzer.add_quiesce(probe)
+            next_probe += cell.window_s
+        clock.now = t
+        close(t)
+        w = tl.window_at(t)
+        rec = _record(t, e2e, ttft, w)
+        windows.started(rec)
+        rec.outcome = Outcome.OK
+        gaps = [(b - a) / 1e9 for a, b in zip(rec.token_times_ns, rec.token_times_ns[1:])]
+        windows.finished(rec, gaps)
+    close(tl.end + cell.window_s, final=True)
+    verdict = analyzer.verdict()
+    failing = [f for f in analyzer.findings if f["severity"] != "info" and f["kind"] in ("drift", "throttle")
+               and (f["evidence"].get("tier") in (None, "confident"))]
+    windows_named = [f["window"] for f in failing if f.get("window") is not None]
+    windows_named += [int(r.split("window ")[-1].rstrip(")")) for r in verdict.reasons
+                      if r.startswith(("drift", "throttle")) and r.rstrip(")").split("window ")[-1].isdigit()]
+    fail_window = min(windows_named, default=None)
+    leak = [f["window"] for f in analyzer.findings if f["kind"] == "leak"]
+    final_leak = any(lk.suspected for lk in analyzer.leaks.values())
+    return RunResult(failed=not verdict.passed, fail_window=fail_window if not verdict.passed else None,
+                     live_flag=live, reasons=list(verdict.reasons),
+                     confident=live_drift or any(f["kind"] == "drift" and f["evidence"].get("tier") == "confident"
+                                                 for f in analyzer.findings),
+                     trend=any(f["diagnosis"] == "creep" and f["evidence"].get("direction") == "degraded"
+                               for f in analyzer.findings),
+                     leak_window=min(leak) if leak and final_leak else None)
+
+
+# ---------------------------------------------------------------------------------------------
+# the table
+
+
+def _run(args: tuple[str, int]) -> dict[str, Any]:
+    name, seed = args
+    cell = next(c for c in CELLS if c.name == name)
+    r = simulate(cell, seed)
+    return {"failed": r.failed, "fail_window": r.fail_window, "live": r.live_flag, "reasons": r.reasons,
+            "confident": r.confident, "trend": r.trend, "leak_window": r.leak_window}
+
+
+def measure(cell: Cell, runs: int, seed0: int, pool: ProcessPoolExecutor | None) -> dict[str, Any]:
+    jobs = [(cell.name, seed0 + i) for i in range(runs)]
+    results = list(pool.map(_run, jobs)) if pool is not None else [_run(j) for j in jobs]
+    n = len(results)
+    fail = sum(r["failed"] for r in results) / n
+    live = sum(r["live"] for r in results) / n
+    kinds: dict[str, int] = {}
+    for r in results:
+        for reason in r["reasons"]:
+            kind = reason.split(":")[0]
+            kinds[kind] = kinds.get(kind, 0) + 1
+    if cell.expect == "pass":
+        value = fail
+        ok = fail <= cell.limit
+    elif cell.expect == "fail_by":
+        value = sum(r["failed"] and r["fail_window"] is not None and r["fail_window"] <= cell.by_window
+                    for r in results) / n
+        ok = value >= cell.limit
+    elif cell.expect == "no_confident":
+        value = sum(r["confident"] for r in results) / n
+        ok = value <= cell.limit
+    elif cell.expect == "trend":
+        value = sum(r["trend"] for r in results) / n
+        ok = value >= cell.limit
+    else:  # leak_by
+        value = sum(r["leak_window"] is not None and r["leak_window"] <= cell.by_window for r in results) / n
+        ok = value >= cell.limit
+    return {"cell": cell.name, "what": cell.what, "target": cell.target, "runs": n, "value": value, "ok": ok,
+            "fail": fail, "live": live, "findings": kinds}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="20 runs per cell")
+    p.add_argument("--runs", type=int, help="runs per cell (default 200; --quick 20)")
+    p.add_argument("--cells", help="comma list of cell names (default: all)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--json", type=Path)
+    a = p.parse_args(argv)
+    runs = a.runs or (20 if a.quick else 200)
+    cells = [c for c in CELLS if not a.cells or c.name in a.cells.split(",")]
+    t0 = time.monotonic()
+    rows = []
+    pool = ProcessPoolExecutor(a.workers) if a.workers > 1 else None
+    try:
+        for cell in cells:
+            row = measure(cell, runs, a.seed, pool)
+            rows.append(row)
+            kinds = ", ".join(f"{k} {v}" for k, v in sorted(row["findings"].items())) or "-"
+            print(f"{'PASS' if row['ok'] else 'MISS'}  {cell.name:<15} {row['value']:6.1%}  (final FAIL {row['fail']:6.1%}, "
+                  f"live flag {row['live']:6.1%}; failing: {kinds})  target: {cell.target}", flush=True)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    print(f"({runs} runs per cell, {time.monotonic() - t0:.0f} s)")
+    if a.json:
+        a.json.write_text(json.dumps({"runs": runs, "rows": rows}, indent=2))
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,348 @@
+"""Drift judged with run-level error control: a pooled baseline, live comparisons that page
+rarely by construction, and at the end of the run the change points, a trend test and the
+changes they imply, each in one of two tiers.
+
+Levels, their within-window variance and the between-window noise floor ``tau2`` come from
+``soakd.analysis.levels``. The threshold ``thr`` is ``DriftConfig.threshold_for(metric)``
+(relative: 0.05 = 5%; error rate: absolute).
+
+**Baseline pool.** The first ``DriftConfig.baseline_windows`` eligible windows after warm-up (not
+partial, target up, enough requests) pooled: their mean level. An outage, an insufficient or a
+partial window is never part of it. A baseline from an earlier run (``--baseline``) is a pool of
+one window.
+
+**Tiers.** A change ``ratio`` with interval ``ci`` (at the family-corrected confidence below):
+
+* *confident*: the whole interval lies beyond the threshold on one side (``ci lo > thr`` or
+  ``ci hi < -thr``);
+* *likely*: the point estimate is beyond the threshold and the interval excludes 0.
+
+Only *confident* degradations fail the run; *likely* ones are reported.
+
+**Run-level error control (Bonferroni).** The family is every comparison that could fail the run:
+
+* live (``soakd_drift_detected``, the per-window findings): metrics x planned windows x 2
+  references (baseline pool, previous window). Each comparison uses
+  ``z = Φ⁻¹(1 - α / (2 · metrics · windows · 2))`` with ``α = 1 - confidence``, and the noise
+  floor's 90% upper bound (``tau2`` from few windows is trusted only as far as it can be);
+* at the end: metrics x segments, each segment's mean against the pool with a Student-t quantile
+  at the Satterthwaite degrees of freedom of its variance.
+
+A confident change needs a true change of the threshold *plus* several standard errors; because
+the standard errors are those of pooled windows, that is close to the threshold on a well-fed run
+(see ``mde``: the smallest change this run can detect, reported when the pool is complete).
+
+**Change points** (end of run): PELT (``ruptures``, least squares, minimum segment 2 windows,
+penalty ``3 ln n``) on the standardised level series; every segment after the pool is compared
+with the pool. A segment is named by its first window and that window's start time.
+
+**Trend**: the Hamed–Rao modified Mann–Kendall test (``pymannkendall``; it corrects the variance
+of Kendall's S for the series' autocorrelation) at ``α / metrics``, with Sen's slope; the
+change over the run ``exp(slope · (n - 1)) - 1`` (error rate: ``slope · (n - 1)``). Significant
+and beyond the threshold: *likely*; Sen's interval (``scipy.stats.theilslopes``) beyond the
+threshold too: *confident*.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import asdict, dataclass, field
+from statistics import NormalDist
+from typing import Any, Literal
+
+import numpy as np
+import pymannkendall
+import ruptures
+from scipy import stats as sps
+
+from soakd.analysis.drift import DriftResult
+from soakd.analysis.levels import Level, between_variance, levels
+from soakd.config.analysis import DriftConfig
+from soakd.core.summary import WindowSummary
+from soakd.core.tracked import METRICS
+
+__all__ = [
+    "Change",
+    "RunDrift",
+    "Trend",
+    "compare_levels",
+    "judge_run",
+    "live_z",
+    "mde",
+    "tau2_upper",
+]
+
+Tier = Literal["confident", "likely"]
+
+
+def live_z(cfg: DriftConfig, planned_windows: int) -> float:
+    """The live comparisons' z: Bonferroni over metrics x planned windows x 2 references, two-sided."""
+    alpha = 1.0 - cfg.confidence
+    family = max(1, len(cfg.metrics)) * max(1, planned_windows) * 2
+    return NormalDist().inv_cdf(1.0 - alpha / (2.0 * family))
+
+
+def tau2_upper(series: list[Level], bound: float = 0.90) -> float:
+    """The noise floor's ``bound`` upper confidence bound: the successive-difference variance's
+    chi-square bound at its degrees of freedom, less the windows' own variance."""
+    tau2, df = between_variance(series)
+    if df <= 0:
+        return 0.0
+    within = sum((a.var + b.var) / 2.0 for a, b in zip(series, series[1:])) / df
+    s = tau2 + within
+    return max(0.0, s * df / float(sps.chi2.ppf(1.0 - bound, df)) - within)
+
+
+def _ratio(metric: str, d: float) -> float:
+    return d if METRICS[metric].absolute else math.expm1(d)
+
+
+def _tier(metric: str, d: float, half: float, thr: float) -> tuple[Tier | None, int]:
+    """(tier, side): side +1 for a rise, -1 for a fall, 0 for none."""
+    lo, hi = _ratio(metric, d - half), _ratio(metric, d + half)
+    r = _ratio(metric, d)
+    if lo > thr:
+        return "confident", 1
+    if hi < -thr:
+        return "confident", -1
+    if r > thr and lo > 0:
+        return "likely", 1
+    if r < -thr and hi < 0:
+        return "likely", -1
+    return None, 0
+
+
+def compare_levels(
+    metric: str,
+    current: Level,
+    reference: list[Level],
+    tau2: float,
+    z: float,
+    cfg: DriftConfig,
+    *,
+    reference_kind: Literal["baseline", "previous"] = "baseline",
+) -> DriftResult:
+    """One window's level against the mean of ``reference`` levels (the pool, or the previous
+    window): status ``drift`` only when *confident* at ``z``."""
+    spec = METRICS[metric]
+    thr = cfg.threshold_for(metric)
+    ref_y = sum(lv.y for lv in reference) / len(reference)
+    ref_var = sum(lv.var + tau2 for lv in reference) / len(reference) ** 2
+    d = current.y - ref_y
+    half = z * math.sqrt(current.var + tau2 + ref_var)
+    tier, side = _tier(metric, d, half, thr)
+    ref_value = ref_y if spec.absolute else math.exp(ref_y)
+    status: Literal["ok", "drift"] = "drift" if tier == "confident" else "ok"
+    direction = None
+    if status == "drift":
+        direction = "degraded" if (side > 0) == spec.higher_is_worse else "improved"
+    return DriftResult(
+        metric=metric, reference=reference_kind, value=current.value, reference_value=ref_value,
+        ratio=_ratio(metric, d), ratio_ci=(_ratio(metric, d - half), _ratio(metric, d + half)), status=status,
+        direction=direction, threshold=thr, n=current.n, reference_n=sum(lv.n for lv in reference),
+        window=current.window, reference_window=reference[0].window if len(reference) == 1 else None,
+        tier=tier,
+    )  # fmt: skip
+
+
+def mde(metric: str, window_var: float, pool: list[Level], tau2: float, z: float, cfg: DriftConfig,
+        windows: int = 1) -> float:
+    """The smallest change that ``windows`` windows at this variance would show as *confident*
+    against the pool: ``thr + z · SE`` (on the metric's scale)."""
+    pool_var = sum(lv.var + tau2 for lv in pool) / len(pool) ** 2
+    se = math.sqrt((window_var + tau2) / windows + pool_var)
+    thr = cfg.threshold_for(metric)
+    if METRICS[metric].absolute:
+        return thr + z * se
+    return math.expm1(math.log1p(thr) + z * se)
+
+
+# ---------------------------------------------------------------------------------------------
+# the end of the run
+
+
+@dataclass(frozen=True)
+class Change:
+    """A segment of the run whose level differs from the pool's."""
+
+    metric: str
+    window: int  # its first window
+    end_window: int  # its last window
+    start_unix: float | None
+    ratio: float
+    ci: tuple[float, float]
+    tier: Tier
+    direction: Literal["degraded", "improved"]
+    windows: int
+    threshold: float
+
+    def message(self) -> str:
+        absolute = METRICS[self.metric].absolute
+
+        def f(x: float) -> str:
+            return f"{x * 100:+.1f}{'pp' if absolute else '%'}"
+
+        return (f"{self.metric} {'stepped' if self.window > 0 else 'differs'} {f(self.ratio)} "
+                f"(CI {f(self.ci[0])}..{f(self.ci[1])}) from window {self.window}"
+                f"{_clock(self.start_unix)} to {self.end_window} vs the baseline pool: {self.tier} "
+                f"{self.direction}, threshold {f(self.threshold)[1:]}")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ci"] = list(self.ci)
+        return d
+
+
+@dataclass(frozen=True)
+class Trend:
+    metric: str
+    slope_per_window: float  # on the analysis scale (log, or absolute)
+    total_ratio: float  # the change over the judged windows
+    total_ci: tuple[float, float]
+    p_value: float
+    tier: Tier
+    direction: Literal["degraded", "improved"]
+    windows: int
+    first_window: int
+    last_window: int
+    threshold: float
+
+    def message(self) -> str:
+        absolute = METRICS[self.metric].absolute
+
+        def f(x: float) -> str:
+            return f"{x * 100:+.1f}{'pp' if absolute else '%'}"
+
+        return (f"{self.metric} creeps {f(self.total_ratio)} over windows {self.first_window}-{self.last_window} "
+                f"(Sen CI {f(self.total_ci[0])}..{f(self.total_ci[1])}, Mann-Kendall p {self.p_value:.2g}): "
+                f"{self.tier} {self.direction}")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["total_ci"] = list(self.total_ci)
+        return d
+
+
+@dataclass
+class RunDrift:
+    """The end-of-run drift judgement of every metric."""
+
+    changes: list[Change] = field(default_factory=list)
+    trends: list[Trend] = field(default_factory=list)
+    tau2: dict[str, float] = field(default_factory=dict)
+    change_points: dict[str, list[int]] = field(default_factory=dict)  # metric -> first windows of segments
+    pool: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"changes": [c.to_dict() for c in self.changes], "trends": [t.to_dict() for t in self.trends],
+                "noise_floor": {m: math.sqrt(v) for m, v in self.tau2.items()},
+                "change_points": self.change_points, "pool": self.pool}
+
+
+def _clock(t: float | None) -> str:
+    if t is None:
+        return ""
+    import time
+
+    return " (" + time.strftime("%H:%M", time.gmtime(t)) + " UTC)"
+
+
+def _segments(series: list[Level], tau2: float) -> list[int]:
+    """Indices where a new segment starts (PELT on the standardised levels)."""
+    n = len(series)
+    if n < 4:
+        return []
+    scale = math.sqrt(sum(lv.var for lv in series) / n + tau2) or 1.0
+    x = np.array([[lv.y / scale] for lv in series])
+    algo = ruptures.Pelt(model="l2", min_size=2, jump=1).fit(x)
+    ends = algo.predict(pen=3.0 * math.log(n))
+    return [e for e in ends if e < n]
+
+
+def _t(p: float, df: float) -> float:
+    if df >= 1000 or not math.isfinite(df):
+        return NormalDist().inv_cdf(p)
+    return float(sps.t.ppf(p, max(1.0, df)))
+
+
+def judge_run(windows: list[WindowSummary], pool_windows: list[int], cfg: DriftConfig) -> RunDrift:
+    """Change points, segment changes against the pool and trends over the run's full windows."""
+    out = RunDrift(pool=list(pool_windows))
+    alpha = 1.0 - cfg.confidence
+    m = max(1, len(cfg.metrics))
+    pool_set = set(pool_windows)
+    for metric in cfg.metrics:
+        spec = METRICS[metric]
+        thr = cfg.threshold_for(metric)
+        series = levels(windows, metric, cfg)
+        pool = [lv for lv in series if lv.window in pool_set]
+        if len(series) < len(pool) + 2 or not pool:
+            continue
+        tau2_all, _ = between_variance(series)
+        starts = _segments(series, tau2_all)
+        tau2, df = between_variance(series, frozenset(s - 1 for s in starts))
+        out.tau2[metric] = tau2
+        out.change_points[metric] = [series[s].window for s in starts]
+        bounds = [0, *starts, len(series)]
+        segs = []
+        for a, b in zip(bounds, bounds[1:]):
+            part = [lv for lv in series[a:b] if lv.window not in pool_set and lv.window > max(pool_set)]
+            if part:
+                segs.append(part)
+        pool_y = sum(lv.y for lv in pool) / len(pool)
+        pool_var = sum(lv.var + tau2 for lv in pool) / len(pool) ** 2
+        for part in segs:
+            k = len(part)
+            var = sum(lv.var + tau2 for lv in part) / k**2 + pool_var
+            # Satterthwaite: only the tau2 part of the variance is estimated (with df degrees of freedom)
+            tau_part = tau2 * (1.0 / k + 1.0 / len(pool))
+            dfe = math.inf if tau_part <= 0 or df <= 0 else df * (var / tau_part) ** 2
+            q = _t(1.0 - alpha / (2.0 * m * len(segs)), dfe)
+            d = sum(lv.y for lv in part) / k - pool_y
+            half = q * math.sqrt(var)
+            tier, side = _tier(metric, d, half, thr)
+            if tier is None:
+                continue
+            out.changes.append(Change(
+                metric=metric, window=part[0].window, end_window=part[-1].window, start_unix=part[0].start_unix,
+                ratio=_ratio(metric, d), ci=(_ratio(metric, d - half), _ratio(metric, d + half)), tier=tier,
+                direction="degraded" if (side > 0) == spec.higher_is_worse else "improved", windows=k, threshold=thr,
+            ))  # fmt: skip
+        trend = _trend(metric, series, alpha / m, thr)
+        if trend is not None:
+            out.trends.append(trend)
+    return out
+
+
+def _trend(metric: str, series: list[Level], alpha: float, thr: float) -> Trend | None:
+    n = len(series)
+    if n < 8:
+        return None
+    y = np.array([lv.y for lv in series])
+    if float(np.ptp(y)) <= 0:
+        return None
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore", RuntimeWarning)
+            res = pymannkendall.hamed_rao_modification_test(y, alpha=alpha)
+    except (ZeroDivisionError, ValueError, FloatingPointError):
+        return None
+    p = float(res.p)
+    if not (p < alpha) or not math.isfinite(p):
+        return None
+    x = np.arange(n, dtype=float)
+    ts = sps.theilslopes(y, x, alpha=1.0 - alpha)
+    span = n - 1
+    total = _ratio(metric, float(ts.slope) * span)
+    lo, hi = _ratio(metric, float(ts.low_slope) * span), _ratio(metric, float(ts.high_slope) * span)
+    if total > thr:
+        side, tier = 1, "confident" if lo > thr else "likely"
+    elif total < -thr:
+        side, tier = -1, "confident" if hi < -thr else "likely"
+    else:
+        return None
+    spec = METRICS[metric]
+    return Trend(metric=metric, slope_per_window=float(ts.slope), total_ratio=total, total_ci=(lo, hi), p_value=p,
+                 tier=tier, direction="degraded" if (side > 0) == spec.higher_is_worse else "improved", windows=n,
+                 first_window=series[0].window, last_window=series[-1].window, threshold=thr)  # fmt: skip
