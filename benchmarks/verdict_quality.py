@@ -83,10 +83,16 @@ class Cell:
     leak_mb_per_hour: float = 0.0
     probe_noise_mib: float = 0.0
     power_cap: bool = False
+    period_s: float | None = None  # 10%-deep throughput drops (latency x 1/0.9) a quarter of each period
+    freeze_every_s: float | None = None  # the server stops for freeze_s every so often
+    freeze_s: float = 10.0
+    stall_every_s: float | None = None  # soakd's own loop stalls for stall_s every so often
+    stall_s: float = 0.3
+    restart_window: int | None = None  # the target is down for that whole window, then recovers
     requests: int = 3000
     windows: int = 24
     window_s: float = 1800.0
-    expect: str = "pass"  # pass | fail_by | no_confident | trend | leak_by
+    expect: str = "pass"  # pass | fail_by | no_confident | trend | leak_by | periodic | freeze | inconclusive | restart
     by_window: int | None = None
     limit: float = 0.0  # the target share (upper bound for pass cells, lower bound otherwise)
 
@@ -132,6 +138,27 @@ CELLS: tuple[Cell, ...] = (
          memory="leak", leak_mb_per_hour=50, probe_noise_mib=50, expect="leak_by", by_window=16, limit=0.95),
     Cell("leak-50-noisy", "50 MB/h device-memory leak, 200 MiB noise per idle probe", "report the rate",
          memory="leak", leak_mb_per_hour=50, probe_noise_mib=200, expect="leak_by", by_window=24, limit=0.0),
+    Cell("periodic-15m", "10%-deep drops a quarter of every 15 min", "periodic drops found >= 90%",
+         period_s=900, expect="periodic", limit=0.90),
+    Cell("periodic-40m", "10%-deep drops a quarter of every 40 min", "periodic drops found >= 90%",
+         period_s=2400, expect="periodic", limit=0.90),
+    Cell("periodic-2h", "10%-deep drops a quarter of every 2 h", "periodic drops found >= 90%",
+         period_s=7200, expect="periodic", limit=0.90),
+    Cell("freeze", "server freezes for 10 s every 10 min", "freeze finding >= 95%",
+         freeze_every_s=600, expect="freeze", limit=0.95),
+    Cell("client-stall", "soakd's own loop stalled 300 ms every 20 s", "INCONCLUSIVE, never FAIL",
+         stall_every_s=20, expect="inconclusive", limit=1.0),
+    Cell("restart", "server restarted once (window 10 lost), recovers", "no drift/leak FAIL, restart reported",
+         restart_window=10, memory="ramp", probe_noise_mib=50, expect="restart", limit=1.0),
+    # the detection rows again under slowly varying load (printed, no target)
+    Cell("step-10-ar", "+10% step at window 12 under AR +-10%/1 min", "(no target)", noise="ar", ar_sd=0.10,
+         ar_memory=60, ar_unit="seconds", step_at=12, step=0.10, expect="fail_by", by_window=14, limit=0.0),
+    Cell("step-8-ar", "+8% step at window 12 under AR +-10%/1 min", "(no target)", noise="ar", ar_sd=0.10,
+         ar_memory=60, ar_unit="seconds", step_at=12, step=0.08, expect="fail_by", by_window=14, limit=0.0),
+    Cell("step-4-ar", "+4% step at window 12 under AR +-10%/1 min", "(no target: confident drift)", noise="ar",
+         ar_sd=0.10, ar_memory=60, ar_unit="seconds", step_at=12, step=0.04, expect="no_confident", limit=1.0),
+    Cell("creep-ar", "creep +0.25% per window under AR +-10%/1 min", "(no target: trend found)", noise="ar",
+         ar_sd=0.10, ar_memory=60, ar_unit="seconds", creep=0.0025, expect="trend", limit=0.0),
 )
 
 
@@ -161,6 +188,8 @@ def latency_scale(cell: Cell, window: int, t_in_run: float) -> float:
         s *= 1.0 + cell.step
     if cell.creep:
         s *= 1.0 + cell.creep * (t_in_run / cell.window_s)
+    if cell.period_s and (t_in_run % cell.period_s) < cell.period_s / 4:
+        s /= 0.9  # a 10%-deep throughput drop: every request 1/0.9 as long
     return s
 
 
@@ -227,6 +256,8 @@ def memory_at(cell: Cell, t: float, rng: random.Random) -> float:
     """Idle device memory (bytes) at simulated time ``t`` (the quiesce probe's reading)."""
     base = 40 * GIB
     h = t / 3600.0
+    if cell.restart_window is not None and t >= (cell.restart_window + 1) * cell.window_s:
+        h = (t - (cell.restart_window + 1) * cell.window_s) / 3600.0  # the restarted server warms up again
     if cell.memory == "ramp":
         base += 600 * MIB * min(1.0, h / 1.5)  # warming up over the first 1.5 h
     elif cell.memory == "step":
@@ -247,16 +278,39 @@ class RunResult:
     confident: bool = False
     trend: bool = False
     leak_window: int | None = None
+    periodic: bool = False
+    freeze: bool = False
+    inconclusive: bool = False
+    restart_reported: bool = False
+    impaired_windows: int = 0
+    leak_rate: float | None = None  # MB/h, the last judgement of device memory
 
 
-def _record(t: float, e2e: float, ttft: float, window: int) -> RequestRecord:
+def _byte_times(cell: Cell, t: float, e2e: float, ttft: float) -> list[float]:
+    """When each token of a request sent at ``t`` arrives (seconds): evenly spaced after the first,
+    moved by the server's freezes (everything after a freeze's start waits for its end) and by
+    soakd's own stalls (bytes that arrive during a stall are read at its end)."""
+    first = t + ttft
+    step = (e2e - ttft) / GAPS
+    times = [first + i * step for i in range(GAPS + 1)]
+    if cell.freeze_every_s:
+        every, dur = cell.freeze_every_s, cell.freeze_s
+        k = math.floor(t / every)
+        for f in (k * every + every / 2, (k + 1) * every + every / 2):  # freezes mid-period
+            if t < f + dur and times[-1] > f:
+                d = f + dur - max(t, f)
+                times = [b + d if b > f else b for b in times]
+    if cell.stall_every_s:
+        every, dur = cell.stall_every_s, cell.stall_s
+        times = [(math.floor(b / every) * every + dur) if (b % every) < dur else b for b in times]
+    return times
+
+
+def _record(t: float, times: list[float], window: int) -> RequestRecord:
     r = RequestRecord("short_chat")
     r.window = window
-    start = int(t * 1e9)
-    r.t_start_ns = start
-    first = start + int(ttft * 1e9)
-    step = (e2e - ttft) / GAPS
-    r.token_times_ns = [first + int(i * step * 1e9) for i in range(GAPS + 1)]
+    r.t_start_ns = int(t * 1e9)
+    r.token_times_ns = [int(b * 1e9) for b in times]
     r.t_end_ns = r.token_times_ns[-1]
     r.completion_tokens = GAPS + 1
     r.prompt_tokens = 128
@@ -304,24 +358,43 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
                     lk.fails for lk in analyzer.leaks.values()):
                 live = True
 
+    next_beat = 1.0
+    down = None
+    if cell.restart_window is not None:
+        down = (cell.restart_window * cell.window_s, (cell.restart_window + 1) * cell.window_s)
+        windows.add_interval(*down, "target_down_seconds")
     for t, e2e, ttft in source:
         while next_sample <= t:
             clock.now = next_sample
             windows.add_samples(_telemetry(cell, next_sample), next_sample)
             next_sample += 30.0
+        while next_beat <= t:  # soakd's heartbeat (one per 5 s here, so a quarter of them see a 20 s-period stall)
+            lag = 0.001
+            if cell.stall_every_s and (next_beat % cell.stall_every_s) < 5.0:
+                lag = cell.stall_s
+            windows.add_lag(next_beat, lag, 0.01)
+            next_beat += 5.0
         while next_probe <= t:
             w = tl.window_at(next_probe)
-            probe = QuiesceProbe(t_unix=clock.wall_offset + next_probe, window=w, drained=True,
-                                 kv_cache_usage_ratio=0.0, memory_used_bytes=memory_at(cell, next_probe, rng),
-                                 seconds=2.0)
-            windows.set_probe(probe)
-            analyzer.add_quiesce(probe)
+            if down is None or not down[0] <= next_probe < down[1]:
+                probe = QuiesceProbe(t_unix=clock.wall_offset + next_probe, window=w, drained=True,
+                                     kv_cache_usage_ratio=0.0, memory_used_bytes=memory_at(cell, next_probe, rng),
+                                     seconds=2.0)
+                windows.set_probe(probe)
+                analyzer.add_quiesce(probe)
             next_probe += cell.window_s
         clock.now = t
         close(t)
         w = tl.window_at(t)
-        rec = _record(t, e2e, ttft, w)
+        times = _byte_times(cell, t, e2e, ttft)
+        rec = _record(t, times, w)
         windows.started(rec)
+        if down is not None and down[0] <= t < down[1]:
+            rec.token_times_ns = []
+            rec.t_end_ns = rec.t_start_ns + 1_000_000
+            rec.fail(Outcome.CONNECTION_ERROR, "connect_refused")
+            windows.finished(rec, None)
+            continue
         rec.outcome = Outcome.OK
         gaps = [(b - a) / 1e9 for a, b in zip(rec.token_times_ns, rec.token_times_ns[1:])]
         windows.finished(rec, gaps)
@@ -335,13 +408,21 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
     fail_window = min(windows_named, default=None)
     leak = [f["window"] for f in analyzer.findings if f["kind"] == "leak"]
     final_leak = any(lk.suspected for lk in analyzer.leaks.values())
+    dm = analyzer.leaks.get("device_memory")
     return RunResult(failed=not verdict.passed, fail_window=fail_window if not verdict.passed else None,
                      live_flag=live, reasons=list(verdict.reasons),
                      confident=live_drift or any(f["kind"] == "drift" and f["evidence"].get("tier") == "confident"
                                                  for f in analyzer.findings),
                      trend=any(f["diagnosis"] == "creep" and f["evidence"].get("direction") == "degraded"
                                for f in analyzer.findings),
-                     leak_window=min(leak) if leak and final_leak else None)
+                     leak_window=min(leak) if leak and final_leak else None,
+                     periodic=analyzer.periodic is not None,
+                     freeze=any(f["kind"] == "freeze" for f in analyzer.findings),
+                     inconclusive=verdict.inconclusive is not None,
+                     restart_reported=any(f["diagnosis"] == "target restarted" for f in analyzer.findings),
+                     impaired_windows=sum(1 for w in analyzer.history.full() if w.client and w.client.impaired),
+                     leak_rate=dm.growth_per_hour / 1e6 if dm is not None and dm.growth_per_hour is not None
+                     else None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,7 +434,9 @@ def _run(args: tuple[str, int]) -> dict[str, Any]:
     cell = next(c for c in CELLS if c.name == name)
     r = simulate(cell, seed)
     return {"failed": r.failed, "fail_window": r.fail_window, "live": r.live_flag, "reasons": r.reasons,
-            "confident": r.confident, "trend": r.trend, "leak_window": r.leak_window}
+            "confident": r.confident, "trend": r.trend, "leak_window": r.leak_window, "periodic": r.periodic,
+            "freeze": r.freeze, "inconclusive": r.inconclusive, "restart_reported": r.restart_reported,
+            "impaired_windows": r.impaired_windows, "leak_rate": r.leak_rate}
 
 
 def measure(cell: Cell, runs: int, seed0: int, pool: ProcessPoolExecutor | None) -> dict[str, Any]:
@@ -380,11 +463,28 @@ def measure(cell: Cell, runs: int, seed0: int, pool: ProcessPoolExecutor | None)
     elif cell.expect == "trend":
         value = sum(r["trend"] for r in results) / n
         ok = value >= cell.limit
+    elif cell.expect == "periodic":
+        value = sum(r["periodic"] for r in results) / n
+        ok = value >= cell.limit
+    elif cell.expect == "freeze":
+        value = sum(r["freeze"] for r in results) / n
+        ok = value >= cell.limit
+    elif cell.expect == "inconclusive":
+        value = sum(r["inconclusive"] and not r["failed"] for r in results) / n
+        ok = value >= cell.limit
+    elif cell.expect == "restart":
+        value = sum(r["restart_reported"] and not any(x.startswith(("drift", "leak")) for x in r["reasons"])
+                    for r in results) / n
+        ok = value >= cell.limit
     else:  # leak_by
         value = sum(r["leak_window"] is not None and r["leak_window"] <= cell.by_window for r in results) / n
         ok = value >= cell.limit
+    rates = sorted(r["leak_rate"] for r in results if r["leak_rate"] is not None)
     return {"cell": cell.name, "what": cell.what, "target": cell.target, "runs": n, "value": value, "ok": ok,
-            "fail": fail, "live": live, "findings": kinds}
+            "fail": fail, "live": live, "findings": kinds,
+            "periodic": sum(r["periodic"] for r in results) / n,
+            "inconclusive": sum(r["inconclusive"] for r in results) / n,
+            "leak_rate_median": rates[len(rates) // 2] if rates else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -406,8 +506,11 @@ def main(argv: list[str] | None = None) -> int:
             row = measure(cell, runs, a.seed, pool)
             rows.append(row)
             kinds = ", ".join(f"{k} {v}" for k, v in sorted(row["findings"].items())) or "-"
+            extra = f", leak rate median {row['leak_rate_median']:.0f} MB/h" if row["leak_rate_median"] is not None \
+                and cell.memory == "leak" else ""
             print(f"{'PASS' if row['ok'] else 'MISS'}  {cell.name:<15} {row['value']:6.1%}  (final FAIL {row['fail']:6.1%}, "
-                  f"live flag {row['live']:6.1%}; failing: {kinds})  target: {cell.target}", flush=True)
+                  f"live flag {row['live']:6.1%}, periodic {row['periodic']:5.1%}, inconclusive "
+                  f"{row['inconclusive']:5.1%}{extra}; failing: {kinds})  target: {cell.target}", flush=True)
     finally:
         if pool is not None:
             pool.shutdown()

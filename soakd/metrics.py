@@ -124,6 +124,15 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     MetricSpec("soakd_window_insufficient", "gauge",
                "1 when the last closed window had too few requests to judge drift (min_requests).",
                group="analysis"),
+    MetricSpec("soakd_window_client_impaired", "gauge",
+               "1 when soakd itself stalled in the last closed window (event-loop lag, CFS throttling of its cgroup): "
+               "the window is shown, never judged.", group="analysis"),
+    MetricSpec("soakd_window_loop_lag_seconds", "gauge",
+               "soakd's event-loop lag in the last closed window (a 10 ms heartbeat), by quantile (0.5, 0.99, 1 = max).",
+               ("quantile",), group="analysis"),
+    MetricSpec("soakd_window_freeze_seconds", "gauge",
+               "The longest span of the last closed window with requests in flight and no byte received from any.",
+               group="analysis"),
     MetricSpec("soakd_window_value", "gauge",
                "Tracked quantity of the last closed window, by metric (e2e_p95 in seconds, output_tokens_per_second, "
                "error_rate as a ratio, energy_per_token in joules, ...).", ("metric",), group="analysis"),

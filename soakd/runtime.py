@@ -45,6 +45,7 @@ from soakd.soak.exporter import AnalysisExporter
 from soakd.soak.pipeline import WindowPipeline
 from soakd.soak.quiesce import QuiesceProber
 from soakd.soak.recorder import Recorder, RecordListener
+from soakd.soak.selfwatch import CgroupCpu
 from soakd.soak.session import RunSession, read_baseline
 from soakd.soak.status import Load, StatusBoard
 from soakd.soak.target import resolve_model
@@ -106,6 +107,7 @@ class Runtime:
         self.status = StatusBoard(config, session=self.session, metrics=self.metrics, runners=self.runners,
                                   analyzer=self.analyzer, clock=clock)
         self.heartbeat = Heartbeat()
+        self.cgroup = CgroupCpu()
         self.registry = self.metrics.registry()
         self.web = WebServer(build_app(self.registry, self.status.status, self.status.ready, self.heartbeat),
                              config.metrics.host, config.metrics.port)
@@ -223,7 +225,9 @@ class Runtime:
         timeline = Timeline(clock.monotonic(), cfg.run.warmup, cfg.run.window, duration,
                             first_index=self.session.first_window)
         windows = WindowSet(timeline, confidence=cfg.analysis.drift.confidence,
-                            patience=self.policies.close_patience, clock=clock)
+                            patience=self.policies.close_patience, clock=clock, client=cfg.analysis.client)
+        # soakd's own health into its windows: every heartbeat of the loop, the cgroup's throttling
+        self.heartbeat.on_beat = lambda _t, lag, cpu: windows.add_lag(clock.monotonic(), lag, cpu)
         windows.segment = self.session.segment
         recorder = Recorder(self.metrics, windows, clock)
         recorder.on_target_change(self.status.target_changed)
@@ -331,6 +335,8 @@ class Runtime:
         if self.progress:
             job(self.status.progress_line, 1.0, "progress", 2)
         job(self._checkpoint, 10.0, "checkpoint", 10)
+        if self.cgroup.available:
+            job(self._cgroup, 1.0, "cgroup", 2)
         if self.quiesce is not None:
             job(self.quiesce.probe, pol.quiesce_interval, "quiesce", pol.quiesce_interval, pol.quiesce_first_after)
         if self.canary is not None and pol.canary_own_schedule:
@@ -347,6 +353,12 @@ class Runtime:
         ld.recorder.account_outage(now)
         self.pipeline.submit(ld.windows.close_due(now))
         await self.pipeline.drain()
+
+    async def _cgroup(self) -> None:
+        """CFS throttling of soakd's own cgroup since the last second, into the open window."""
+        d = self.cgroup.delta()
+        if d is not None and self.load is not None and (d[0] > 0 or d[1] > 0):
+            self.load.windows.add_throttling(self.clock.monotonic(), d[0], d[1])
 
     async def _checkpoint(self) -> None:
         """State checkpoint: downsampled samples to the store, a sign of life, retried writes."""

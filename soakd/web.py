@@ -21,23 +21,33 @@ STALL_LIMIT = 5.0
 
 
 class Heartbeat:
-    """Measures event-loop lag: a task that should wake every ``period`` seconds."""
+    """Measures event-loop lag: a task that should wake every ``period`` seconds (10 ms). Each beat
+    goes to ``on_beat(loop time, lag seconds, CPU seconds since the last beat)`` when set (the
+    windows' client-health record: ``soakd.soak.windows.WindowSet.add_lag``)."""
 
-    def __init__(self, period: float = 0.5) -> None:
+    def __init__(self, period: float = 0.01) -> None:
         self.period = period
         self.last_beat = time.monotonic()
         self.max_lag_recent = 0.0
+        self.on_beat: Callable[[float, float, float], None] | None = None
         self._task: asyncio.Task | None = None
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        decay = 0.9 ** (self.period / 0.5)  # the same decay per second whatever the period
+        cpu = time.process_time()
         while True:
-            before = time.monotonic()
+            before = loop.time()
             await asyncio.sleep(self.period)
-            now = time.monotonic()
-            lag = now - before - self.period
+            now = loop.time()
+            lag = max(0.0, now - before - self.period)
             # exponential decay so one old stall does not fail liveness forever
-            self.max_lag_recent = max(lag, self.max_lag_recent * 0.9)
-            self.last_beat = now
+            self.max_lag_recent = max(lag, self.max_lag_recent * decay)
+            self.last_beat = time.monotonic()
+            if self.on_beat is not None:
+                c = time.process_time()
+                self.on_beat(now, lag, c - cpu)
+                cpu = c
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())

@@ -55,7 +55,7 @@ from soakd.core.tracked import METRICS
 __all__ = ["DIAGNOSES", "TROUBLESHOOTING", "Finding", "diagnose"]
 
 Window = WindowSummary
-Kind = Literal["drift", "leak", "throttle", "canary", "errors", "target"]
+Kind = Literal["drift", "leak", "throttle", "canary", "errors", "freeze", "target"]
 Severity = Literal["info", "warning", "critical"]
 
 # diagnosis -> (what is seen, what to check): the method's troubleshooting table, for the report.
@@ -71,6 +71,14 @@ TROUBLESHOOTING: dict[str, tuple[str, str]] = {
     "memory leak": (
         "device or process memory that keeps rising at the same load",
         "allocator caching, CUDA graphs per new shape, host-side buffers, server version",
+    ),
+    "periodic drops": (
+        "latency that rises at a steady period (minutes to hours)",
+        "cooling cycles (fan curves, inlet temperature), power management, a periodic job on the host or cluster",
+    ),
+    "server froze": (
+        "requests in flight and not a byte from any of them for seconds, while soakd's own loop was punctual",
+        "the server's logs and stack (py-spy dump), GPU hangs (Xid), a scheduler deadlock, a stuck collective",
     ),
     "target restarted": (
         "an error burst while the target was down",

@@ -17,6 +17,7 @@ from soakd.analysis import changes as changes_mod
 from soakd.analysis import drift as drift_mod
 from soakd.analysis import leak as leak_mod
 from soakd.analysis import levels as levels_mod
+from soakd.analysis.periodic import PeriodicDrops, periodic_drops
 from soakd.analysis import throttle as throttle_mod
 from soakd.analysis.diagnosis import Finding, diagnose
 from soakd.config.analysis import AnalysisConfig
@@ -91,6 +92,7 @@ class Verdict:
     inconclusive: str | None = None
     drift: dict[str, Any] = field(default_factory=dict)  # the end-of-run judgement (changes.RunDrift)
     leaks: list[dict[str, Any]] = field(default_factory=list)
+    periodic: dict[str, Any] | None = None  # periodic drops on the per-minute series (analysis.periodic)
 
     @property
     def result(self) -> str:
@@ -109,6 +111,7 @@ class Verdict:
             "recurring_drops": self.recurring_drops,
             "drift": self.drift,
             "leaks": self.leaks,
+            "periodic": self.periodic,
         }
 
 
@@ -142,6 +145,7 @@ class Analyzer:
         self.stability: dict[str, Any] = {}
         self._capped_reported = False
         self.run_drift: changes_mod.RunDrift | None = None
+        self.periodic: PeriodicDrops | None = None
 
     @property
     def last_window(self) -> Window | None:
@@ -287,6 +291,12 @@ class Analyzer:
             drift_cfg=cfg.drift,
             cfg=cfg.diagnosis,
         )
+        freeze = self._freeze(w)
+        if freeze is not None:
+            findings.append(freeze)
+        if w.client is not None and w.client.impaired:
+            self._event("client", "info", f"window {w.window} is client-impaired (shown, not judged): "
+                        f"{w.client.impaired_reason}", w.client.model_dump(), w.window)
         capped = [t for t in self.throttles if t.active and not t.impact and t.sm_clock_reference_kind == "baseline"]
         if capped and not self._capped_reported:
             self._capped_reported = True
@@ -300,6 +310,27 @@ class Analyzer:
         self.previous = w
         self.stability = drift_mod.stability(full, cfg.drift)
         return findings
+
+    def _freeze(self, w: Window) -> Finding | None:
+        """A server freeze: the window's longest span with requests in flight and no byte received,
+        beyond ``client.freeze_min`` and 3x the baseline's TTFT p95, while soakd's loop was punctual
+        (its largest lag under half the span: the silence was the server's)."""
+        c = w.client
+        if c is None or not c.freeze_max_seconds:
+            return None
+        need = self.cfg.client.freeze_min
+        base = self.baseline.ttft_seconds.p95 if self.baseline is not None else None
+        if base:
+            need = max(need, 3.0 * base)
+        span = c.freeze_max_seconds
+        if span < need or (c.loop_lag_max_seconds or 0.0) >= span / 2:
+            return None
+        at = (w.start_unix or 0.0) + (c.freeze_start_offset_seconds or 0.0)
+        return Finding(kind="freeze", diagnosis="server froze", severity="critical",
+                       message=f"no byte from any of the requests in flight for {span:.1f} s in window {w.window} "
+                               f"(from {at:.0f} unix), soakd's loop lag at most {(c.loop_lag_max_seconds or 0) * 1000:.0f} ms",
+                       evidence={"freeze_seconds": span, "start_unix": at, "threshold_seconds": need,
+                                 "loop_lag_max_seconds": c.loop_lag_max_seconds}, window=w.window)  # fmt: skip
 
     def add_canary(self, result: CanaryOutcome, window: int | None) -> None:
         self.canary_checks += 1
@@ -345,6 +376,8 @@ class Analyzer:
         if f.severity == "info":
             return None
         kind = f.kind
+        if f.evidence.get("fails") is False or f.evidence.get("tier") == "likely":
+            return None  # reported, not failing: a likely change, periodic drops
         if kind == "errors":
             return None  # judged run-wide against the error budget
         elif kind == "leak":
@@ -364,6 +397,11 @@ class Analyzer:
                                       if c.tier == "confident" and c.direction == "degraded" else "info",
                                       message=c.message(), evidence={"tier": c.tier, **c.to_dict()},
                                       window=c.window))  # fmt: skip
+            self.periodic = periodic_drops(self.history.full())
+            if self.periodic is not None:
+                pd = self.periodic
+                self._finding(Finding(kind="drift", diagnosis="periodic drops", severity="warning",
+                                      message=pd.message(), evidence={"fails": False, **pd.to_dict()}, window=None))
             for t in rd.trends:
                 self._finding(Finding(kind="drift", diagnosis="creep", severity="critical"
                                       if t.tier == "confident" and t.direction == "degraded" else "warning"
@@ -403,5 +441,6 @@ class Analyzer:
         v.recurring_drops = drops
         v.findings = {f"{k}/{s}": n for (k, s), n in self.finding_counts.items()}
         v.drift = rd.to_dict()
+        v.periodic = self.periodic.to_dict() if self.periodic is not None else None
         v.leaks = [lk.to_dict() for lk in self.leaks.values() if lk.status != "no_data"]
         return v

@@ -271,7 +271,7 @@ def memory_pattern(source: str, pts: list[tuple[float, float]], cfg: LeakConfig,
       reading and each reading after a release), needing 3 of them.
     * Otherwise the judged part starts at a third of the series, or after the last isolated jump
       up (a **one-off step**: a jump while the typical difference is small), whichever is later;
-      it needs ``min_windows`` readings.
+      it needs ``min_windows`` readings spanning ``min_span`` (4 hours).
     * Sen's slope of the judged part with its interval: above 0 is a **sustained climb** (always a
       finding, ``suspected``); a climb before the judged part that has stopped is **ramp then flat**
       (warm-up); else **flat**.
@@ -313,7 +313,8 @@ def memory_pattern(source: str, pts: list[tuple[float, float]], cfg: LeakConfig,
         if steps:
             start = max(start, steps[-1] + 1)
         jx, jy = xs[start:], ys[start:]
-        fit = theil_sen(jx, jy, cfg.confidence) if len(jx) >= cfg.min_windows else None
+        long_enough = len(jx) >= cfg.min_windows and (jx[-1] - jx[0]) * 3600.0 >= cfg.min_span - 1e-9
+        fit = theil_sen(jx, jy, cfg.confidence) if long_enough else None
         pattern = "flat"
         if steps:
             pattern = "one-off step"

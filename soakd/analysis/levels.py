@@ -27,8 +27,9 @@ history does not hide the next change behind a noise floor it inflated. ``df`` (
 differences) goes with it: comparisons use Student-t quantiles at that many degrees of freedom,
 so a noise floor estimated from few windows is trusted accordingly.
 
-Eligible windows: not partial, the target never down in them, at least ``min_requests`` samples
-of the metric. Outage and insufficient windows are shown, never judged, never a baseline.
+Eligible windows: not partial, the target never down in them, soakd itself not stalled in them
+(``ClientSummary.impaired``), at least ``min_requests`` samples of the metric. Outage,
+client-impaired and insufficient windows are shown, never judged, never a baseline.
 """
 
 from __future__ import annotations
@@ -60,8 +61,9 @@ class Level:
 
 
 def eligible(window: WindowSummary) -> bool:
-    """Judged at all: a full window in which the target stayed up."""
-    return not window.partial and window.target_down_seconds <= 0
+    """Judged at all: a full window in which the target stayed up and soakd did not stall."""
+    return (not window.partial and window.target_down_seconds <= 0
+            and not (window.client is not None and window.client.impaired))
 
 
 def level(window: WindowSummary, metric: str, cfg: DriftConfig) -> Level | None:

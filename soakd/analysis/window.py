@@ -23,7 +23,8 @@ from soakd.analysis.stats import quantile_ci
 from soakd.analysis.telemetry import TelemetryStats
 from soakd.core.records import OUTCOMES, Outcome, RequestRecord
 from soakd.core.series import Series
-from soakd.core.summary import Quantiles, QuiesceProbe, ScenarioSummary, SubWindows, WindowSummary
+from soakd.config.analysis import ClientConfig
+from soakd.core.summary import ClientSummary, Quantiles, QuiesceProbe, ScenarioSummary, SubWindows, WindowSummary
 
 FAMILIES = ("e2e", "ttft", "itl")
 MIN_SUB_COUNT = 2  # requests a sub-window needs to enter the batch means
@@ -63,6 +64,113 @@ class SubStats:
             extra = extra_variance(n, s1, s2)
             if extra is not None:
                 out.extra_var[f], out.inflation[f] = extra
+        return out
+
+
+STALL_LAG = 0.02  # heartbeat lags beyond this count as stall time
+BUCKET = 0.1  # seconds: the freeze detector's resolution
+
+
+class ClientStats:
+    """soakd's own health in one window (see ``ClientSummary``) and the activity buckets of the
+    freeze detector: per 100 ms of the window, whether a request was in flight and whether a byte
+    arrived (bounded: one byte per bucket)."""
+
+    __slots__ = ("lag", "heartbeats", "lag_max", "stall", "cpu", "throttled", "periods", "flags", "start",
+                 "inflight_delta")
+
+    def __init__(self, start: float, seconds: float) -> None:
+        self.lag = new_sketch()
+        self.heartbeats = 0
+        self.lag_max = 0.0
+        self.stall = 0.0
+        self.cpu: float | None = None
+        self.throttled: float | None = None
+        self.periods: int | None = None
+        self.start = start
+        n = max(1, math.ceil(seconds / BUCKET))
+        self.flags = bytearray(n)  # bit 0: a byte arrived in the bucket
+        self.inflight_delta = [0] * (n + 1)  # +1 where a request starts, -1 where it ends
+
+    def add_request(self, t_start: float, t_end: float, byte_times: list[float]) -> None:
+        """A request in flight from ``t_start`` to ``t_end`` (window clock), bytes at ``byte_times``."""
+        self.add_request_ns(int(t_start * 1e9), int(t_end * 1e9), [int(t * 1e9) for t in byte_times], 0, 0.0)
+
+    def add_request_ns(self, t0_ns: int, t_end_ns: int, token_ns: list[int], headers_ns: int,
+                       offset: float) -> None:
+        """The same in the record's own nanoseconds; ``offset``: window-clock seconds minus record seconds."""
+        last = len(self.flags) - 1
+        base = (offset - self.start) / BUCKET  # bucket = ns * k + base
+        k = 1e-9 / BUCKET
+        a = min(last, max(0, int(t0_ns * k + base)))
+        b = min(last, max(0, int(t_end_ns * k + base)))
+        self.inflight_delta[a] += 1
+        self.inflight_delta[b + 1] -= 1
+        flags = self.flags
+        flags[b] = 1  # the end of the body
+        for t in token_ns:
+            i = int(t * k + base)
+            if 0 <= i <= last:
+                flags[i] = 1
+        if headers_ns:
+            i = int(headers_ns * k + base)
+            if 0 <= i <= last:
+                flags[i] = 1
+
+    def add_lag(self, lag: float, cpu_seconds: float | None = None) -> None:
+        lag = max(0.0, lag)
+        self.heartbeats += 1
+        self.lag.add(lag)
+        self.lag_max = max(self.lag_max, lag)
+        if lag > STALL_LAG:
+            self.stall += lag
+        if cpu_seconds is not None:
+            self.cpu = (self.cpu or 0.0) + cpu_seconds
+
+    def add_throttling(self, seconds: float, periods: int) -> None:
+        self.throttled = (self.throttled or 0.0) + seconds
+        self.periods = (self.periods or 0) + periods
+
+    def freeze(self) -> tuple[float, float] | None:
+        """(longest span of buckets with a request in flight and no byte, its start offset)."""
+        best, best_at, run, run_at, level = 0, 0, 0, 0, 0
+        delta = self.inflight_delta
+        for i, f in enumerate(self.flags):
+            level += delta[i]
+            if level > 0 and not f:
+                if run == 0:
+                    run_at = i
+                run += 1
+                if run > best:
+                    best, best_at = run, run_at
+            else:
+                run = 0
+        if best == 0:
+            return None
+        return best * BUCKET, best_at * BUCKET
+
+    def summary(self, wall: float, cfg: ClientConfig | None) -> ClientSummary:
+        out = ClientSummary(heartbeats=self.heartbeats, stall_seconds=self.stall, cpu_seconds=self.cpu,
+                            cgroup_throttled_seconds=self.throttled, cgroup_throttled_periods=self.periods)
+        if self.heartbeats:
+            out.loop_lag_p50_seconds = quantile(self.lag, 0.5)
+            out.loop_lag_p99_seconds = quantile(self.lag, 0.99)
+            out.loop_lag_max_seconds = self.lag_max
+        if self.cpu is not None and wall > 0:
+            out.cpu_share = self.cpu / wall
+        fr = self.freeze()
+        if fr is not None:
+            out.freeze_max_seconds, out.freeze_start_offset_seconds = fr
+        cfg = cfg or ClientConfig()
+        why = []
+        if wall > 0 and self.stall > cfg.max_stall_share * wall:
+            why.append(f"soakd's event loop stalled {self.stall:.2f} s ({self.stall / wall:.1%} of the window)")
+        if self.lag_max > cfg.max_lag:
+            why.append(f"one stall of {self.lag_max * 1000:.0f} ms")
+        if self.throttled is not None and wall > 0 and self.throttled > cfg.max_throttled_share * wall:
+            why.append(f"soakd's cgroup was CPU-throttled {self.throttled:.2f} s ({self.throttled / wall:.1%})")
+        if why:
+            out.impaired, out.impaired_reason = True, "; ".join(why)
         return out
 
 
@@ -117,7 +225,7 @@ class OpenWindow:
 
     __slots__ = ("index", "start", "end", "wall_start", "scenarios", "telemetry", "quiesce", "in_flight",
                  "late_records", "closed", "paused_seconds", "target_down_seconds", "sub_seconds", "sub",
-                 "closed_as", "revision")
+                 "closed_as", "revision", "client")
 
     def __init__(self, index: int, start: float, end: float, wall_start: float,
                  sub_length: float | None = None) -> None:
@@ -136,6 +244,7 @@ class OpenWindow:
         self.sub_seconds = sub_length if sub_length is not None else sub_seconds(end - start)
         self.sub = SubStats(max(1, math.ceil((end - start) / self.sub_seconds - 1e-9)))
         self.closed_as: tuple[float | None, bool] = (None, False)  # (actual end, partial) when it closed
+        self.client = ClientStats(start, end - start)
         self.revision = 0
 
     def sub_index(self, t: float) -> int:
@@ -155,6 +264,10 @@ class OpenWindow:
         s.outcomes[rec.outcome.value] += 1
         sub = self.sub
         j = min(sub.k - 1, max(0, rec.sub))
+        t0 = rec.t_start_ns
+        if rec.t_sent is not None and t0:
+            self.client.add_request_ns(t0, rec.t_end_ns or t0, rec.token_times_ns, rec.t_headers_ns,
+                                       rec.t_sent - t0 / 1e9)
         sub.requests[j] += 1
         if rec.outcome is Outcome.OK:
             sub.ok[j] += 1
@@ -188,7 +301,7 @@ class OpenWindow:
 
     # ---- the summary
     def summary(self, actual_end: float | None = None, partial: bool = False, confidence: float = 0.95,
-                segment: int = 0, revision: int = 0) -> WindowSummary:
+                segment: int = 0, revision: int = 0, client_cfg: ClientConfig | None = None) -> WindowSummary:
         end = actual_end if actual_end is not None else self.end
         wall = max(1e-9, end - self.start)
         dur = max(1e-9, wall - min(self.paused_seconds, wall * 0.999))
@@ -245,6 +358,7 @@ class OpenWindow:
             late_records=self.late_records,
             revision=revision,
             subwindows=self.sub.summary(self.sub_seconds),
+            client=self.client.summary(wall, client_cfg),
             scenarios=per,
             quiesce=self.quiesce,
             **({"device": tel.device(ctoks, dur), "server": tel.server(), "host": tel.host()}

@@ -8,6 +8,7 @@ the configuration from here, never the other way round.
 from soakd.config.analysis import (
     AnalysisConfig,
     CanaryConfig,
+    ClientConfig,
     DiagnosisConfig,
     DriftConfig,
     LeakConfig,
@@ -43,6 +44,7 @@ __all__ = [
     "ENV_PREFIX",
     "AnalysisConfig",
     "CanaryConfig",
+    "ClientConfig",
     "ConfigError",
     "DcgmSamplerConfig",
     "DiagnosisConfig",

@@ -17,6 +17,7 @@ __all__ = [
     "DEFAULT_CANARY_PROMPT",
     "AnalysisConfig",
     "CanaryConfig",
+    "ClientConfig",
     "DiagnosisConfig",
     "DriftConfig",
     "LeakConfig",
@@ -162,6 +163,12 @@ class LeakConfig(_Model):
         description="A sustained memory climb fails the run when memory runs out at its rate within this many "
         "hours (default 7 days); a slower climb is a finding that does not fail.",
     )
+    min_span: Duration = Field(
+        4 * 3600.0,
+        ge=0,
+        description="The judged (sustained) part of a memory series must span this long: a climb shorter than a "
+        "cycle of the server's own memory behaviour (a sawtooth's rise) is not yet a leak.",
+    )
     step_bytes: Bytes = Field(
         64 * 2**20,
         gt=0,
@@ -263,9 +270,37 @@ class QuiesceConfig(_Model):
     )
 
 
+class ClientConfig(_Model):
+    """When soakd itself was too stalled to measure (``analysis.client``): client-impaired windows."""
+
+    max_stall_share: float = Field(
+        0.005,
+        ge=0,
+        le=1,
+        description="A window in which soakd's event loop lagged (heartbeat lags beyond 20 ms, summed) for more "
+        "than this share of its time is client-impaired: shown, never judged.",
+    )
+    max_lag: Duration = Field(
+        0.25, gt=0, description="A single heartbeat lag this long makes the window client-impaired too."
+    )
+    max_throttled_share: float = Field(
+        0.01,
+        ge=0,
+        le=1,
+        description="CFS throttling of soakd's own cgroup (cpu.stat) for more than this share of the window makes "
+        "it client-impaired (a CPU limit, e.g. from a LimitRange the manifests do not set).",
+    )
+    freeze_min: Duration = Field(
+        5.0,
+        gt=0,
+        description="A span this long (and at least 3x the baseline's TTFT p95) with requests in flight and no "
+        "byte received from any of them, while soakd's loop was punctual, is a server freeze.",
+    )
+
+
 class VerdictConfig(_Model):
-    fail_on: list[Literal["drift", "leak", "throttle", "errors", "canary", "target"]] = Field(
-        default_factory=lambda: ["drift", "leak", "throttle", "errors", "canary"],
+    fail_on: list[Literal["drift", "leak", "throttle", "errors", "canary", "freeze", "target"]] = Field(
+        default_factory=lambda: ["drift", "leak", "throttle", "errors", "canary", "freeze"],
         description="Finding kinds that fail the run (exit code 1).",
     )
     error_budget: float = Field(
@@ -287,6 +322,7 @@ class AnalysisConfig(_Model):
     diagnosis: DiagnosisConfig = Field(default_factory=DiagnosisConfig)
     quiesce: QuiesceConfig = Field(default_factory=QuiesceConfig)
     canary: CanaryConfig = Field(default_factory=CanaryConfig)
+    client: ClientConfig = Field(default_factory=ClientConfig)
     verdict: VerdictConfig = Field(default_factory=VerdictConfig)
     baseline: Path | None = Field(
         None, description="An earlier run's JSON report (or its windows) to use as the baseline instead of the "

@@ -51,6 +51,7 @@ class RequestRecord:
         "request_id",
         "wall_start",
         "sub",
+        "t_sent",
     )
 
     def __init__(self, scenario: str, endpoint: str = "chat", stream: bool = True) -> None:
@@ -77,6 +78,7 @@ class RequestRecord:
         self.request_id = ""
         self.wall_start = 0.0
         self.sub = 0  # the sub-window of its window it was sent in (set by the window set)
+        self.t_sent: float | None = None  # the window set's clock when it was sent
 
     @property
     def ok(self) -> bool:

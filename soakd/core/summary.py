@@ -22,6 +22,7 @@ CI = tuple[float, float]
 
 __all__ = [
     "CI",
+    "ClientSummary",
     "DeviceSummary",
     "HostMemoryStat",
     "HostSummary",
@@ -155,6 +156,27 @@ class SubWindows(_Part):
     inflation: dict[str, float] = Field(default_factory=dict)  # batch-means variance / independent variance
 
 
+class ClientSummary(_Part):
+    """soakd's own health in the window: its event loop's lag (a 10 ms heartbeat), its CPU time, the
+    CFS throttling of its cgroup, and the longest freeze (requests in flight, no byte received from
+    any). ``impaired``: soakd itself stalled enough to move what it measured; the window is shown,
+    never judged (``impaired_reason`` says why)."""
+
+    heartbeats: int = 0
+    loop_lag_p50_seconds: float | None = None
+    loop_lag_p99_seconds: float | None = None
+    loop_lag_max_seconds: float | None = None
+    stall_seconds: float = 0.0  # the sum of heartbeat lags beyond 20 ms
+    cpu_seconds: float | None = None
+    cpu_share: float | None = None  # of one core, over the window's wall time
+    cgroup_throttled_seconds: float | None = None
+    cgroup_throttled_periods: int | None = None
+    freeze_max_seconds: float | None = None
+    freeze_start_offset_seconds: float | None = None  # where the longest freeze began, into the window
+    impaired: bool = False
+    impaired_reason: str | None = None
+
+
 class ScenarioSummary(_Part):
     requests: int = 0
     outcomes: dict[str, int] = Field(default_factory=dict)
@@ -199,6 +221,7 @@ class WindowSummary(_Part):
     late_records: int = 0  # requests that finished after the window closed (counted in by a revision)
     revision: int = 0  # 0: as closed on time; n: revised n times with requests that finished late
     subwindows: SubWindows | None = None
+    client: ClientSummary | None = None
     scenarios: dict[str, ScenarioSummary] = Field(default_factory=dict)
     device: DeviceSummary = Field(default_factory=DeviceSummary)
     server: ServerSummary = Field(default_factory=ServerSummary)

@@ -202,6 +202,7 @@ def _verdict_section(run: Any) -> dict[str, Any]:
         "inconclusive": v.get("inconclusive"),
         "drift": dict(v.get("drift") or {}),
         "leaks": list(v.get("leaks") or []),
+        "periodic": v.get("periodic"),
     }
     return out
 

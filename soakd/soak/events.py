@@ -16,7 +16,7 @@ from soakd.soak.session import RunSession
 
 log = structlog.get_logger("soakd")
 
-_PLAIN_KINDS = ("quiesce", "baseline", "canary_reference", "segment")  # logged under their own kind
+_PLAIN_KINDS = ("quiesce", "baseline", "canary_reference", "segment", "client")  # logged under their own kind
 
 
 class EventLog:

@@ -12,7 +12,7 @@ from soakd.analysis.engine import LEAK_SOURCES_BYTES, Analyzer
 from soakd.core.reasons import CLOCKS_EVENT_REASON_NAMES
 from soakd.metrics import BY_NAME
 
-FINDING_KINDS = ("drift", "leak", "throttle", "canary", "errors", "target")
+FINDING_KINDS = ("drift", "leak", "throttle", "canary", "errors", "freeze", "target")
 
 
 class AnalysisExporter:
@@ -51,6 +51,20 @@ class AnalysisExporter:
             ins = BY_NAME["soakd_window_insufficient"].family()
             ins.add_metric([], 0.0 if w.requests >= cfg.drift.min_requests else 1.0)
             yield ins
+            c = w.client
+            imp = BY_NAME["soakd_window_client_impaired"].family()
+            imp.add_metric([], 1.0 if c is not None and c.impaired else 0.0)
+            yield imp
+            if c is not None and c.heartbeats:
+                lag = BY_NAME["soakd_window_loop_lag_seconds"].family()
+                for q, v in (("0.5", c.loop_lag_p50_seconds), ("0.99", c.loop_lag_p99_seconds),
+                             ("1", c.loop_lag_max_seconds)):
+                    if v is not None:
+                        lag.add_metric([q], v)
+                yield lag
+            fr = BY_NAME["soakd_window_freeze_seconds"].family()
+            fr.add_metric([], float(c.freeze_max_seconds or 0.0) if c is not None else 0.0)
+            yield fr
         spread = BY_NAME["soakd_stability_spread_ratio"].family()
         for metric, st in sorted(a.stability.items()):
             if st.get("spread") is not None:

@@ -14,6 +14,7 @@ Then its sketches are dropped (bounded memory).
 from __future__ import annotations
 
 from soakd.analysis.window import OpenWindow
+from soakd.config.analysis import ClientConfig
 from soakd.core.records import RequestRecord
 from soakd.core.series import Series
 from soakd.core.summary import QuiesceProbe, WindowSummary
@@ -22,8 +23,9 @@ from soakd.core.timeline import SYSTEM_CLOCK, Clock, Timeline
 
 class WindowSet:
     def __init__(self, timeline: Timeline, *, confidence: float = 0.95, patience: float = 120.0,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+                 clock: Clock = SYSTEM_CLOCK, client: ClientConfig | None = None) -> None:
         self.timeline = timeline
+        self.client_cfg = client
         self.confidence = confidence
         self.patience = patience
         self.clock = clock
@@ -57,7 +59,8 @@ class WindowSet:
     def started(self, rec: RequestRecord) -> None:
         w = self.window_for(rec.window)
         w.in_flight += 1
-        rec.sub = w.sub_index(self.clock.monotonic())
+        rec.t_sent = now = self.clock.monotonic()
+        rec.sub = w.sub_index(now)
 
     def finished(self, rec: RequestRecord, gaps: list[float] | None) -> None:
         """A finished request: into its window, or counted late when that closed already."""
@@ -82,6 +85,18 @@ class WindowSet:
     def add_energy(self, index: int, joules: float, seconds: float) -> None:
         if self.accepts(index):
             self.window_for(index).add_energy(joules, seconds)
+
+    def add_lag(self, t: float, lag: float, cpu_seconds: float | None = None) -> None:
+        """One heartbeat of soakd's event loop at ``t``: how late it woke (and the CPU time since the last)."""
+        idx = self.timeline.window_at(t)
+        if t < self.timeline.end and self.accepts(idx):
+            self.window_for(idx).client.add_lag(lag, cpu_seconds)
+
+    def add_throttling(self, t: float, seconds: float, periods: int) -> None:
+        """CFS throttling of soakd's cgroup since the last reading (``cpu.stat``)."""
+        idx = self.timeline.window_at(t)
+        if t < self.timeline.end and self.accepts(idx):
+            self.window_for(idx).client.add_throttling(seconds, periods)
 
     def set_probe(self, probe: QuiesceProbe) -> None:
         if self.accepts(probe.window):
@@ -116,7 +131,7 @@ class WindowSet:
         w.revision += 1
         end, partial = w.closed_as
         return w.summary(actual_end=end, partial=partial, confidence=self.confidence, segment=self.segment,
-                         revision=w.revision)
+                         revision=w.revision, client_cfg=self.client_cfg)
 
     # ---- closing
     def close_due(self, now: float, final: bool = False) -> list[WindowSummary]:
@@ -139,13 +154,14 @@ class WindowSet:
             if final:
                 partial = short or now < w.end - 1e-6
                 summary = w.summary(actual_end=min(now, w.end), partial=partial, confidence=self.confidence,
-                                    segment=self.segment)
+                                    segment=self.segment, client_cfg=self.client_cfg)
             else:
                 if now < w.end:
                     break
                 if w.in_flight > 0 and now < w.end + self.patience:
                     continue
-                summary = w.summary(partial=short, confidence=self.confidence, segment=self.segment)
+                summary = w.summary(partial=short, confidence=self.confidence, segment=self.segment,
+                                    client_cfg=self.client_cfg)
             w.closed_as = (min(now, w.end) if final else None, summary.partial)
             w.closed = True
             self.last_closed = max(self.last_closed, index)

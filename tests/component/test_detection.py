@@ -25,7 +25,7 @@ field once the soak's timeline exists (``at_window``): the simulator reads its f
 uptime is converted through both clocks, so window k is the first one it touches.
 
 Leak projection: ``analysis.leak.horizon_hours`` is compressed like the run, to 0.01 h (36 s, a
-few times a run).
+few times a run), and the judged part of a memory series need not span ``min_span`` (4 h).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def soak_config(sim: SimServer, state_dir: Path, *, windows: int, window: float 
         "scenarios": {"short_chat": {"prompt_tokens": 32, "max_tokens": 3}},
         "samplers": {"interval": 0.25, "nvml": {"mode": "on" if nvml else "off"}},
         # the canary (one per quiesce probe) short: 32 tokens x 30 ms would outlast a 1 s window
-        "analysis": {"leak": {"horizon_hours": 0.01}, "canary": {"max_tokens": 4}},
+        "analysis": {"leak": {"horizon_hours": 0.01, "min_span": 0.0}, "canary": {"max_tokens": 4}},
         "metrics": {"host": "127.0.0.1", "port": 0},
         "log": {"progress": False},
     }
