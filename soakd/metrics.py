@@ -133,6 +133,10 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     MetricSpec("soakd_window_freeze_seconds", "gauge",
                "The longest span of the last closed window with requests in flight and no byte received from any.",
                group="analysis"),
+    MetricSpec("soakd_window_server_latency_difference_seconds", "gauge",
+               "soakd's mean TTFT or inter-token gap in the last closed window minus the server's own (from its "
+               "histograms), by metric (ttft, itl): what the network and the client add.", ("metric",),
+               group="analysis"),
     MetricSpec("soakd_window_value", "gauge",
                "Tracked quantity of the last closed window, by metric (e2e_p95 in seconds, output_tokens_per_second, "
                "error_rate as a ratio, energy_per_token in joules, ...).", ("metric",), group="analysis"),
@@ -142,6 +146,10 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     MetricSpec("soakd_drift_detected", "gauge",
                "1 while the last closed window drifts beyond the threshold against the baseline, with confidence.",
                ("metric",), group="analysis"),
+    MetricSpec("soakd_drift_detectable_ratio", "gauge",
+               "The smallest change of a tracked quantity one window can show as confident drift against the baseline "
+               "pool at this run's noise (set when the pool is complete; error_rate in absolute terms).", ("metric",),
+               group="analysis"),
     MetricSpec("soakd_drift_events_total", "counter",
                "Windows flagged as drifted against the baseline, by metric.", ("metric",), group="analysis"),
     MetricSpec("soakd_stability_spread_ratio", "gauge",
@@ -243,6 +251,14 @@ CATALOGUE: tuple[MetricSpec, ...] = (
                group="server"),
     MetricSpec("soakd_server_prefix_cache_hit_ratio", "gauge",
                "Prefix-cache hits / queries since the server started, 0-1.", group="server"),
+    MetricSpec("soakd_server_ttft_seconds_total", "counter",
+               "The server's own TTFT histogram: sum of seconds (vLLM, SGLang; summed over engines).", group="server"),
+    MetricSpec("soakd_server_ttft_requests_total", "counter",
+               "The server's own TTFT histogram: count of requests.", group="server"),
+    MetricSpec("soakd_server_itl_seconds_total", "counter",
+               "The server's own inter-token latency histogram: sum of seconds.", group="server"),
+    MetricSpec("soakd_server_itl_tokens_total", "counter",
+               "The server's own inter-token latency histogram: count of gaps.", group="server"),
     # ---- host
     MetricSpec("soakd_self_resident_memory_bytes", "gauge", "soakd's resident memory.", group="host"),
     MetricSpec("soakd_self_cpu_seconds_total", "counter", "soakd's CPU time (user + system).", group="host"),

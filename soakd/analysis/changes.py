@@ -33,8 +33,14 @@ the standard errors are those of pooled windows, that is close to the threshold 
 (see ``mde``: the smallest change this run can detect, reported when the pool is complete).
 
 **Change points** (end of run): PELT (``ruptures``, least squares, minimum segment 2 windows,
-penalty ``3 ln n``) on the standardised level series; every segment after the pool is compared
-with the pool. A segment is named by its first window and that window's start time.
+penalty ``3 ln n``) on the standardised level series. The reference is the first segment when it
+holds the whole pool (the pool and the windows that did not differ from it: more windows, a
+tighter interval), else the pool; every later segment is compared with it. A segment is named by
+its first window and that window's start time.
+
+**One explanation per metric**: when a metric has both changes and a trend, a straight line and the
+segments are compared by their standardised residuals (the line costs ``ln n``, each change point
+``3 ln n``, as in PELT); the better one is reported, the other dropped (a step is not a creep).
 
 **Trend**: the Hamed–Rao modified Mann–Kendall test (``pymannkendall``; it corrects the variance
 of Kendall's S for the series' autocorrelation) at ``α / metrics``, with Sen's slope; the
@@ -185,7 +191,7 @@ class Change:
 
         return (f"{self.metric} {'stepped' if self.window > 0 else 'differs'} {f(self.ratio)} "
                 f"(CI {f(self.ci[0])}..{f(self.ci[1])}) from window {self.window}"
-                f"{_clock(self.start_unix)} to {self.end_window} vs the baseline pool: {self.tier} "
+                f"{_clock(self.start_unix)} to {self.end_window} vs the baseline: {self.tier} "
                 f"{self.direction}, threshold {f(self.threshold)[1:]}")
 
     def to_dict(self) -> dict[str, Any]:
@@ -285,18 +291,25 @@ def judge_run(windows: list[WindowSummary], pool_windows: list[int], cfg: DriftC
         out.tau2[metric] = tau2
         out.change_points[metric] = [series[s].window for s in starts]
         bounds = [0, *starts, len(series)]
-        segs = []
-        for a, b in zip(bounds, bounds[1:]):
-            part = [lv for lv in series[a:b] if lv.window not in pool_set and lv.window > max(pool_set)]
-            if part:
-                segs.append(part)
-        pool_y = sum(lv.y for lv in pool) / len(pool)
-        pool_var = sum(lv.var + tau2 for lv in pool) / len(pool) ** 2
+        last_pool = max(lv.window for lv in pool)
+        if starts and series[starts[0] - 1].window >= last_pool:
+            # the first segment holds the pool and the windows that did not differ from it: the reference
+            reference = series[:starts[0]]
+            segs = [series[a:b] for a, b in zip(bounds[1:], bounds[2:])]
+        else:
+            reference = pool
+            segs = []
+            for a, b in zip(bounds, bounds[1:]):
+                part = [lv for lv in series[a:b] if lv.window > last_pool]
+                if part:
+                    segs.append(part)
+        pool_y = sum(lv.y for lv in reference) / len(reference)
+        pool_var = sum(lv.var + tau2 for lv in reference) / len(reference) ** 2
         for part in segs:
             k = len(part)
             var = sum(lv.var + tau2 for lv in part) / k**2 + pool_var
             # Satterthwaite: only the tau2 part of the variance is estimated (with df degrees of freedom)
-            tau_part = tau2 * (1.0 / k + 1.0 / len(pool))
+            tau_part = tau2 * (1.0 / k + 1.0 / len(reference))
             dfe = math.inf if tau_part <= 0 or df <= 0 else df * (var / tau_part) ** 2
             q = _t(1.0 - alpha / (2.0 * m * len(segs)), dfe)
             d = sum(lv.y for lv in part) / k - pool_y
@@ -309,10 +322,31 @@ def judge_run(windows: list[WindowSummary], pool_windows: list[int], cfg: DriftC
                 ratio=_ratio(metric, d), ci=(_ratio(metric, d - half), _ratio(metric, d + half)), tier=tier,
                 direction="degraded" if (side > 0) == spec.higher_is_worse else "improved", windows=k, threshold=thr,
             ))  # fmt: skip
+        changes = [c for c in out.changes if c.metric == metric]
         trend = _trend(metric, series, alpha / m, thr)
+        if changes and trend is not None:
+            # one explanation per metric: steps, or a straight creep, whichever fits with fewer words
+            if _line_fits_better(series, starts, tau2):
+                out.changes = [c for c in out.changes if c.metric != metric]
+                out.change_points[metric] = []
+            else:
+                trend = None
         if trend is not None:
             out.trends.append(trend)
     return out
+
+
+def _line_fits_better(series: list[Level], starts: list[int], tau2: float) -> bool:
+    """Whether a straight line explains the levels better than the segments (BIC-like, on the
+    standardised scale PELT used: the line costs one parameter, each change point 3 ln n)."""
+    n = len(series)
+    scale2 = sum(lv.var for lv in series) / n + tau2 or 1.0
+    y = np.array([lv.y for lv in series])
+    x = np.arange(n, dtype=float)
+    rss_line = float(np.sum((y - np.polyval(np.polyfit(x, y, 1), x)) ** 2)) / scale2
+    bounds = [0, *starts, n]
+    rss_seg = sum(float(np.sum((y[a:b] - y[a:b].mean()) ** 2)) for a, b in zip(bounds, bounds[1:])) / scale2
+    return rss_line + math.log(n) <= rss_seg + 3.0 * math.log(n) * len(starts)
 
 
 def _trend(metric: str, series: list[Level], alpha: float, thr: float) -> Trend | None:

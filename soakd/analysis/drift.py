@@ -18,7 +18,9 @@ intervals of ``soakd.analysis.stats``):
   interval lies beyond the threshold on the same side (``lo > threshold`` or
   ``hi < -threshold``). A true change of exactly the threshold is therefore flagged at most
   about half the time, and a change well inside it practically never: the price of few false
-  alarms (see ``benchmarks/drift_detection.py`` for the measured rates).
+  alarms. This is the plain pairwise rule, kept for the diagnosis's per-scenario comparisons; the
+  run's drift is judged by ``soakd.analysis.changes`` (pooled baseline, noise floor, run-level
+  error control), measured by ``benchmarks/verdict_quality.py``.
 * **Insufficient.** A window (or reference) with fewer than ``min_requests`` samples of the
   metric, or whose interval cannot be formed (a quantile needs a minimum count, e.g. 110 for
   p95 at 95%), is ``"insufficient"``: reported, never flagged. ``"no_data"`` means the quantity

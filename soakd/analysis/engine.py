@@ -313,15 +313,16 @@ class Analyzer:
 
     def _freeze(self, w: Window) -> Finding | None:
         """A server freeze: the window's longest span with requests in flight and no byte received,
-        beyond ``client.freeze_min`` and 3x the baseline's TTFT p95, while soakd's loop was punctual
+        beyond ``client.freeze_min`` and 3x the baseline's TTFT p95 and inter-token p99 (streamed requests
+        only: a non-streamed body is silent until its end), while soakd's loop was punctual
         (its largest lag under half the span: the silence was the server's)."""
         c = w.client
         if c is None or not c.freeze_max_seconds:
             return None
-        need = self.cfg.client.freeze_min
-        base = self.baseline.ttft_seconds.p95 if self.baseline is not None else None
-        if base:
-            need = max(need, 3.0 * base)
+        # slower than the server's own rhythm: 3x the TTFT p95 and the inter-token p99 of the baseline
+        # (of this window before there is one)
+        ref = self.baseline if self.baseline is not None else w
+        need = max(self.cfg.client.freeze_min, 3.0 * (ref.ttft_seconds.p95 or 0.0), 3.0 * (ref.itl_seconds.p99 or 0.0))
         span = c.freeze_max_seconds
         if span < need or (c.loop_lag_max_seconds or 0.0) >= span / 2:
             return None

@@ -266,7 +266,7 @@ def memory_pattern(source: str, pts: list[tuple[float, float]], cfg: LeakConfig,
     """Classify a memory series ``(t_unix, bytes)`` and judge its sustained part.
 
     * Noise ``sigma``: the successive differences' MAD. A *jump* is a difference beyond
-      ``max(5 sigma, step_bytes)``.
+      ``max(5 sigma, step_bytes)``; consecutive jumps up are a ramp.
     * A jump down is a *release*: the series is a **sawtooth**; judged on its troughs (the first
       reading and each reading after a release), needing 3 of them.
     * Otherwise the judged part starts at a third of the series, or after the last isolated jump
@@ -301,7 +301,9 @@ def memory_pattern(source: str, pts: list[tuple[float, float]], cfg: LeakConfig,
     jump = max(5.0 * sigma, float(cfg.step_bytes))
     typical = statistics.median(abs(x) for x in d)
     releases = [i for i, x in enumerate(d) if x < -jump]
-    steps = [i for i, x in enumerate(d) if x > jump and typical < jump / 4.0]
+    ups = {i for i, x in enumerate(d) if x > jump}
+    # a step is an isolated jump (consecutive jumps are a ramp) while the typical difference is small
+    steps = sorted(i for i in ups if i - 1 not in ups and i + 1 not in ups and typical < jump / 4.0)
     if releases:
         pattern = "sawtooth"
         idx = [0, *(i + 1 for i in releases)]

@@ -109,6 +109,10 @@ _REDUCE = {
     "soakd_server_kv_cache_usage_ratio": ("kv_cache_usage_ratio", "mean"),
     "soakd_server_requests_waiting": ("requests_waiting", "sum"),
     "soakd_server_requests_running": ("requests_running", "sum"),
+    "soakd_server_ttft_seconds_total": ("server_ttft_seconds", "sum"),
+    "soakd_server_ttft_requests_total": ("server_ttft_count", "sum"),
+    "soakd_server_itl_seconds_total": ("server_itl_seconds", "sum"),
+    "soakd_server_itl_tokens_total": ("server_itl_count", "sum"),
     "soakd_target_resident_memory_bytes": ("target_rss_bytes", "sum"),
     "soakd_self_resident_memory_bytes": ("self_rss_bytes", "sum"),
 }
@@ -209,10 +213,21 @@ class TelemetryStats:
             d.throttle_share = {r: max(shares[r] for shares in by_gpu.values()) for r in CLOCKS_EVENT_REASON_NAMES}
         return d
 
+    def _mean_of_counters(self, seconds: str, count: str) -> float | None:
+        """The mean of a server histogram over the window: the sum's increase over the count's (None
+        across a counter reset, or with nothing counted)."""
+        s, c = self.aggs.get(seconds), self.aggs.get(count)
+        if s is None or c is None or s.n < 2 or c.n < 2:
+            return None
+        ds, dc = s.last - s.first, c.last - c.first
+        return ds / dc if dc > 0 and ds >= 0 else None
+
     def server(self) -> ServerSummary:
         return ServerSummary(kv_cache_usage_ratio=self._stat(RangeStat, "kv_cache_usage_ratio"),
                              requests_waiting=self._stat(MeanMax, "requests_waiting"),
-                             requests_running=self._stat(MeanMax, "requests_running"))
+                             requests_running=self._stat(MeanMax, "requests_running"),
+                             ttft_mean_seconds=self._mean_of_counters("server_ttft_seconds", "server_ttft_count"),
+                             itl_mean_seconds=self._mean_of_counters("server_itl_seconds", "server_itl_count"))
 
     def host(self) -> HostSummary:
         return HostSummary(target_rss_bytes=self._stat(HostMemoryStat, "target_rss_bytes"),

@@ -265,7 +265,7 @@ class OpenWindow:
         sub = self.sub
         j = min(sub.k - 1, max(0, rec.sub))
         t0 = rec.t_start_ns
-        if rec.t_sent is not None and t0:
+        if rec.t_sent is not None and t0 and rec.stream:  # a non-streamed body is silent until its end
             self.client.add_request_ns(t0, rec.t_end_ns or t0, rec.token_times_ns, rec.t_headers_ns,
                                        rec.t_sent - t0 / 1e9)
         sub.requests[j] += 1

@@ -120,6 +120,8 @@ class ServerSummary(_Sparse):
     kv_cache_usage_ratio: RangeStat | None = None
     requests_waiting: MeanMax | None = None
     requests_running: MeanMax | None = None
+    ttft_mean_seconds: float | None = None  # the server's own, from its histogram's sum and count in the window
+    itl_mean_seconds: float | None = None
 
 
 class HostSummary(_Sparse):

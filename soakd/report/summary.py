@@ -56,8 +56,12 @@ def format_summary(report: dict[str, Any], process: Any = None) -> str:
         why = verdict.get("reasons") or ([verdict["inconclusive"]] if verdict.get("inconclusive") else [])
         lines.append(f" verdict: {verdict.get('result')}" + (" — " + "; ".join(why) if why else ""))
         if stab:
+            def sig(m: str) -> str:
+                return m + (" (not significant: within sampling noise)" if stab[m].get("significant") is False
+                            else " (significant)" if stab[m].get("significant") else "")
             lines.append(" stability ((max-min)/median over full windows, method's 5%): "
-                         + ("all tracked quantities within" if not unstable else "outside for " + ", ".join(unstable)))
+                         + ("all tracked quantities within" if not unstable
+                            else "outside for " + ", ".join(sig(m) for m in unstable)))
     acc = process.prompt_length_accuracy if process is not None else None
     if acc:
         lines.append(f" prompt length vs target (server usage): median {acc['median']:+.1%}, "

@@ -25,6 +25,11 @@ Normalised series (catalogue group "server"):
 - ``soakd_server_prefix_cache_hit_ratio``: cumulative hits / queries since the server started
   (summed over engines before dividing; omitted while queries are 0). Servers that only give a
   cumulative hit-rate gauge (vLLM V0) use it.
+- ``soakd_server_ttft_seconds_total`` / ``soakd_server_ttft_requests_total`` and
+  ``soakd_server_itl_seconds_total`` / ``soakd_server_itl_tokens_total``: the sum and count of the
+  server's own TTFT and inter-token histograms (vLLM, SGLang), summed over engines. Per window their
+  differences give the server's mean TTFT and ITL, which the window summary sets beside soakd's
+  (``soakd_window_server_latency_difference_seconds``: what the network and the client add).
 - ``soakd_server_info{kind}``: the detected table's kind.
 
 Children that are copies of one scheduler's value are merged by max before aggregating (SGLang
@@ -87,6 +92,8 @@ class ServerTable:
     preemptions: tuple[Ref, ...] = ()  # counters
     prefix: tuple[PrefixSource, ...] = ()  # counters
     prefix_ratio: tuple[Ref, ...] = ()  # cumulative 0-1 gauges (negative = disabled)
+    ttft: tuple[Ref, ...] = ()  # the server's own TTFT histogram (base name: _sum and _count are read)
+    itl: tuple[Ref, ...] = ()  # the server's own inter-token latency histogram
     replica_labels: tuple[str, ...] = ()
     signals: tuple[Ref, ...] = field(init=False, default=())
 
@@ -114,6 +121,8 @@ VLLM = ServerTable(
     running=_r("vllm:num_requests_running"),
     waiting=_r("vllm:num_requests_waiting"),
     preemptions=_r("vllm:num_preemptions_total"),
+    ttft=_r("vllm:time_to_first_token_seconds"),
+    itl=_r("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
     prefix=(
         PrefixSource(Ref("vllm:prefix_cache_hits_total"), queries=Ref("vllm:prefix_cache_queries_total")),
         PrefixSource(Ref("vllm:gpu_prefix_cache_hits_total"), queries=Ref("vllm:gpu_prefix_cache_queries_total")),
@@ -133,6 +142,8 @@ SGLANG = ServerTable(
     running=_r("sglang:num_running_reqs"),
     waiting=_r("sglang:num_queue_reqs"),
     preemptions=_r("sglang:num_retracted_requests_total"),
+    ttft=_r("sglang:time_to_first_token_seconds"),
+    itl=_r("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
     prefix=(PrefixSource(Ref("sglang:cached_tokens_total"), queries=Ref("sglang:prompt_tokens_total")),),
     replica_labels=("tp_rank", "pp_rank"),
 )
@@ -310,6 +321,13 @@ def normalise(table: ServerTable, expo: Exposition) -> tuple[list[Series], bool]
     ratio = prefix_hit_ratio(table, expo)
     if ratio is not None:
         out.append(series("soakd_server_prefix_cache_hit_ratio", ratio))
+    for what, refs, unit in (("ttft", table.ttft, "requests"), ("itl", table.itl, "tokens")):
+        for r in refs:
+            seconds, count = _counter(expo, Ref(r.name + "_sum"), rep), _counter(expo, Ref(r.name + "_count"), rep)
+            if seconds is not None and count is not None:
+                out.append(series(f"soakd_server_{what}_seconds_total", seconds))
+                out.append(series(f"soakd_server_{what}_{unit}_total", count))
+                break
     return out, kv is not None
 
 

@@ -37,6 +37,10 @@ class AnalysisExporter:
             ev.add_metric([metric], float(a.drift_events.get(metric, 0)))
         yield det
         yield ev
+        mde = BY_NAME["soakd_drift_detectable_ratio"].family()
+        for metric, v in sorted(a.detectable.items()):
+            mde.add_metric([metric], v)
+        yield mde
         w = a.last_window
         if w is not None:
             val = BY_NAME["soakd_window_value"].family()
@@ -62,6 +66,12 @@ class AnalysisExporter:
                     if v is not None:
                         lag.add_metric([q], v)
                 yield lag
+            diff = BY_NAME["soakd_window_server_latency_difference_seconds"].family()
+            for metric, ours, theirs in (("ttft", w.ttft_seconds.mean, w.server.ttft_mean_seconds),
+                                         ("itl", w.itl_seconds.mean, w.server.itl_mean_seconds)):
+                if ours is not None and theirs is not None:
+                    diff.add_metric([metric], ours - theirs)
+            yield diff
             fr = BY_NAME["soakd_window_freeze_seconds"].family()
             fr.add_metric([], float(c.freeze_max_seconds or 0.0) if c is not None else 0.0)
             yield fr

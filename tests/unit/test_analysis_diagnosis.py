@@ -73,10 +73,10 @@ def test_device_memory_growth_is_memory_leak() -> None:
     ws = [
         WindowSummary.load({"window": i, "start_unix": 1.7e9 + 1800 * i, "duration_seconds": 1800.0, "partial": False,
                             "device": {"memory_used_bytes": {"min": 30e9 + 100 * MIB * 0.5 * i}}})
-        for i in range(10)
+        for i in range(14)  # 7 hours: the sustained part (from a third on) spans the 4 h min_span
     ]  # fmt: skip
     res = leak.evaluate(ws)
-    f = _by(diagnose(make_window(9, random.Random(5), 300), leak_results=res))
+    f = _by(diagnose(make_window(13, random.Random(5), 300), leak_results=res))
     assert f["memory leak"].kind == "leak" and "device_memory" in f["memory leak"].message
     assert "KV cache not released" not in f
 

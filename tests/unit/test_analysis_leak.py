@@ -84,17 +84,18 @@ def _mem_windows(per_hour: float, n: int, noise: float, seed: int, *, field: str
 
 
 def test_slow_linear_growth_projecting_beyond_budget_is_suspected() -> None:
-    ws = _mem_windows(60 * MIB, 12, 8 * MIB, seed=3)  # 60 MiB/h -> 1.4 GiB per 24 h > 1 GiB
+    # 7 hours: the judged part (from a third of the series on) spans the 4 h min_span
+    ws = _mem_windows(60 * MIB, 14, 8 * MIB, seed=3)  # 60 MiB/h -> 1.4 GiB per 24 h > 1 GiB (no total known)
     r = evaluate_memory(ws, "device_memory")
-    assert r.status == "suspected" and r.suspected and r.significant
+    assert r.status == "suspected" and r.suspected and r.significant and r.fails
     assert r.growth_per_hour == pytest.approx(60 * MIB, rel=0.25)
     assert r.ci[0] > 0 and r.projected > GIB
-    assert r.n_windows == 12 and r.unit == "bytes"
+    assert r.n_windows == 14 and r.unit == "bytes"
     assert "MiB" in r.message() and "suspected" in r.message()
 
 
 def test_significant_but_small_growth_is_not_suspected() -> None:
-    ws = _mem_windows(10 * MIB, 12, 1 * MIB, seed=4)  # 240 MiB a day: real, a finding, within the budget
+    ws = _mem_windows(10 * MIB, 14, 1 * MIB, seed=4)  # 240 MiB a day: real, a finding, within the budget
     r = evaluate_memory(ws, "device_memory")
     assert r.significant and r.suspected and r.pattern == "sustained climb" and not r.fails
 
@@ -114,11 +115,11 @@ def test_few_windows_are_insufficient_and_missing_is_no_data() -> None:
 
 
 def test_partial_windows_are_left_out_and_other_sources() -> None:
-    ws = _mem_windows(100 * MIB, 10, 1 * MIB, seed=7, field="target_rss_bytes", section="host")
+    ws = _mem_windows(100 * MIB, 15, 1 * MIB, seed=7, field="target_rss_bytes", section="host")
     ws[-1].partial = True
-    assert len(memory_series(ws, "target_rss")) == 9
+    assert len(memory_series(ws, "target_rss")) == 14
     assert evaluate_memory(ws, "target_rss").suspected
-    gpu = _mem_windows(100 * MIB, 10, 1 * MIB, seed=8, field="target_gpu_memory_bytes")
+    gpu = _mem_windows(100 * MIB, 14, 1 * MIB, seed=8, field="target_gpu_memory_bytes")
     assert evaluate_memory(gpu, "target_gpu_memory").suspected
     kv = _mem_windows(0.01, 12, 0.002, seed=9, field="kv_cache_usage_ratio", section="server", base=0.4,
                       stat="mean")  # fmt: skip
@@ -173,3 +174,43 @@ def test_leak_config() -> None:
         LeakConfig(budget=1)
     for name, f in LeakConfig.model_fields.items():
         assert f.description, name
+
+
+def _probes(values_mib: list[float], seed: int = 11, noise_mib: float = 20.0) -> list[WindowSummary]:
+    """Windows of 30 minutes, each with an idle quiesce probe of device memory (40 GiB + values), on an
+    80 GiB device."""
+    rng = random.Random(seed)
+    out = []
+    for i, v in enumerate(values_mib):
+        t = 1_700_000_000.0 + 1800 * i
+        out.append(WindowSummary.load({
+            "window": i, "start_unix": t, "duration_seconds": 1800.0,
+            "device": {"memory_used_bytes": {"min": 60 * GIB}, "memory_total_bytes": 80 * GIB},
+            "quiesce": {"t_unix": t + 900, "window": i, "drained": True,
+                        "memory_used_bytes": 40 * GIB + (v + rng.gauss(0, noise_mib)) * MIB},
+        }))  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize(("values", "pattern"), [
+    ([600 * min(1.0, (i * 0.5 + 0.25) / 1.5) for i in range(24)], "ramp then flat"),
+    ([512.0 if i >= 4 else 0.0 for i in range(24)], "one-off step"),
+    ([1024 * (((i * 0.5 + 0.25) % 4.0) / 4.0) for i in range(24)], "sawtooth"),
+    ([0.0] * 24, "flat"),
+])
+def test_warm_up_steps_and_sawtooths_are_no_leak(values: list[float], pattern: str) -> None:
+    r = evaluate_memory(_probes(values), "device_memory")
+    assert r.points == "probes" and r.pattern == pattern, r
+    assert not r.suspected and not r.fails
+
+
+def test_a_sustained_climb_is_a_leak_with_its_time_to_exhaustion() -> None:
+    # 50 MB/h after a warm-up ramp; 40 GiB free on the device: ~36 days at this rate, inside no 7-day budget
+    slow = [300 * min(1.0, i / 3) + 50e6 / MIB * 0.5 * i for i in range(24)]
+    r = evaluate_memory(_probes(slow, noise_mib=50), "device_memory")
+    assert r.pattern == "sustained climb" and r.suspected and not r.fails
+    assert r.growth_per_hour == pytest.approx(50e6, rel=0.3) and 600 < r.hours_to_exhaustion < 1200
+    assert "memory exhausted in" in r.message()
+    fast = [1000.0 * 0.5 * i for i in range(24)]  # 1 GiB/h: 40 GiB in ~28 h, inside the 7 days
+    f = evaluate_memory(_probes(fast), "device_memory")
+    assert f.fails and f.hours_to_exhaustion < 40

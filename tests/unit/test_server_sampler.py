@@ -109,7 +109,8 @@ def as_dict(items: list[Series]) -> dict[tuple[str, tuple[tuple[str, str], ...]]
 def expected(kind: str, **values: float) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     names = {"kv": "soakd_server_kv_cache_usage_ratio", "running": "soakd_server_requests_running",
              "waiting": "soakd_server_requests_waiting", "preemptions": "soakd_server_preemptions_total",
-             "prefix": "soakd_server_prefix_cache_hit_ratio"}  # fmt: skip
+             "prefix": "soakd_server_prefix_cache_hit_ratio", "ttft_s": "soakd_server_ttft_seconds_total",
+             "ttft_n": "soakd_server_ttft_requests_total"}  # fmt: skip
     out = {("soakd_server_info", (("kind", kind),)): 1.0}
     for key, value in values.items():
         out[(names[key], ())] = value
@@ -132,9 +133,13 @@ def sampler_for(server: MetricsServer, **config: str) -> ServerSampler:
 
 
 GOLDEN = [
-    ("vllm_v1", "vllm", expected("vllm", kv=0.375, running=8, waiting=1, preemptions=3, prefix=0.4)),
-    ("vllm_v0", "vllm", expected("vllm", kv=0.6, running=4, waiting=2, preemptions=7, prefix=0.35)),
-    ("sglang", "sglang", expected("sglang", kv=0.4, running=10, waiting=3, preemptions=5, prefix=0.3)),
+    # the server's own TTFT histogram: its sum and count, over both engines
+    ("vllm_v1", "vllm", expected("vllm", kv=0.375, running=8, waiting=1, preemptions=3, prefix=0.4,
+                                 ttft_s=6.917 + 7.204, ttft_n=199)),
+    ("vllm_v0", "vllm", expected("vllm", kv=0.6, running=4, waiting=2, preemptions=7, prefix=0.35,
+                                 ttft_s=1.34, ttft_n=7)),
+    ("sglang", "sglang", expected("sglang", kv=0.4, running=10, waiting=3, preemptions=5, prefix=0.3,
+                                  ttft_s=1.71, ttft_n=5)),
     ("tgi", "tgi", expected("tgi", kv=30000 / 120000, running=12, waiting=4)),
     ("llamacpp", "llamacpp", expected("llamacpp", running=2, waiting=1, prefix=766 / 2000)),
 ]
@@ -363,8 +368,7 @@ async def test_kind_override_restricts_the_tables() -> None:
         try:
             with pytest.raises(SamplerUnavailable, match=r"no known sglang metrics at .*/metrics"):
                 await wrong.sample()
-            assert_series(await right.sample(),
-                          expected("vllm", kv=0.375, running=8, waiting=1, preemptions=3, prefix=0.4))  # fmt: skip
+            assert_series(await right.sample(), GOLDEN[0][2])
         finally:
             await wrong.aclose()
             await right.aclose()

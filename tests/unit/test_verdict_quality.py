@@ -1,0 +1,71 @@
+"""Seeded cases of ``benchmarks/verdict_quality.py`` that must hold: whole simulated 12-hour runs (24
+windows of 30 minutes, 3,000 requests each) through the real path on simulated time, so each case is
+deterministic on any machine. The benchmark measures the rates over hundreds of seeds; these pin a
+few runs of each kind: healthy servers pass, regressions fail naming the right window, soakd's own
+stalls make the run INCONCLUSIVE."""
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+
+import pytest
+
+from helpers import REPO
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def vq() -> ModuleType:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import verdict_quality
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    return verdict_quality
+
+
+def run(vq: ModuleType, name: str, seed: int = 1):  # noqa: ANN201
+    return vq.simulate(next(c for c in vq.CELLS if c.name == name), seed)
+
+
+@pytest.mark.parametrize("name", ["stationary-iid", "ar-20-1min", "ar-5-10min", "closed-batch", "mem-ramp",
+                                  "mem-step", "mem-sawtooth", "power-cap"])
+def test_a_healthy_server_passes(vq: ModuleType, name: str) -> None:
+    r = run(vq, name)
+    assert not r.failed and not r.inconclusive, r.reasons
+    assert not r.live_flag and not r.confident and r.leak_window is None
+
+
+@pytest.mark.parametrize("name", ["step-10", "step-8", "step-8-p95"])
+def test_a_step_fails_the_run_naming_its_window(vq: ModuleType, name: str) -> None:
+    r = run(vq, name)
+    assert r.failed and r.fail_window is not None and 11 <= r.fail_window <= 14, (r.fail_window, r.reasons)
+    assert any(x.startswith("drift: confident drift") for x in r.reasons), r.reasons
+
+
+def test_a_small_step_is_not_confident_and_a_creep_is_a_trend(vq: ModuleType) -> None:
+    small = run(vq, "step-4")
+    assert not small.confident and not small.failed, small.reasons
+    creep = run(vq, "creep")
+    assert creep.trend
+
+
+def test_leaks_periodic_drops_freezes(vq: ModuleType) -> None:
+    leak = run(vq, "leak-50")
+    assert leak.leak_window is not None and leak.leak_window <= 16 and 40 < leak.leak_rate < 60
+    assert not leak.failed  # 50 MB/h exhausts 40 GiB in ~36 days: a finding, within the 7-day budget
+    for name in ("periodic-15m", "periodic-2h"):
+        assert run(vq, name).periodic, name
+    assert not run(vq, "ar-10-1min").periodic
+    freeze = run(vq, "freeze")
+    assert freeze.freeze and freeze.failed and all(x.startswith("freeze:") for x in freeze.reasons), freeze.reasons
+
+
+def test_soakd_stalls_are_inconclusive_and_a_restart_is_reported(vq: ModuleType) -> None:
+    stall = run(vq, "client-stall")
+    assert stall.inconclusive and not stall.failed and stall.impaired_windows == 24
+    restart = run(vq, "restart")
+    assert restart.restart_reported and not [x for x in restart.reasons if x.startswith(("drift", "leak"))]
+    assert [x.split(":")[0] for x in restart.reasons] == ["errors"]  # the lost window's errors, nothing else
