@@ -277,6 +277,22 @@ def overview() -> dict[str, Any]:
                    "analysis.drift.min_requests is insufficient (shown, never flagged).", "short",
                    [target(f"soakd_window_requests{sel()}", "requests {{pod}}"),
                     target(f"soakd_window_insufficient{sel()}", "insufficient {{pod}}")], w=8, min_=0),
+        timeseries("soakd's own health", "Per closed window: 1 when soakd itself stalled (event-loop lag, CFS "
+                   "throttling of its cgroup) — the window is shown, never judged; its event-loop lag p99 (a 10 ms "
+                   "heartbeat); the longest span with requests in flight and no byte received (a server freeze "
+                   "when soakd was punctual).", "s",
+                   [target(f"soakd_window_client_impaired{sel()}", "client-impaired {{pod}}"),
+                    target(m("soakd_window_loop_lag_seconds", 'quantile="0.99"'), "loop lag p99 {{pod}}"),
+                    target(f"soakd_window_freeze_seconds{sel()}", "longest silence {{pod}}")], w=8, min_=0),
+        bargauge("Smallest detectable change", "The smallest change one window can show as confident drift "
+                 "against the baseline pool at this run's noise (Bonferroni over the run): a regression smaller "
+                 "than this is found at the end of the run, if at all.", "percentunit",
+                 [target(f"soakd_drift_detectable_ratio{sel()}", "{{metric}}", instant=True)],
+                 w=8, h=8, min_=0, th=thresholds((None, "green"), (0.1, "orange"), (0.2, "red"))),
+        timeseries("soakd minus the server", "soakd's mean TTFT and inter-token gap in the last closed window "
+                   "minus the server's own (from its histograms, vLLM and SGLang): what the network and the "
+                   "client add.", "s",
+                   [target(m("soakd_window_server_latency_difference_seconds"), "{{metric}} {{pod}}")], w=8),
 
         row("Latency (5-minute quantiles from the histograms)"),
         latency_panel("End-to-end latency", "request_duration_seconds", "End-to-end request latency"),

@@ -109,6 +109,25 @@ TROUBLESHOOTING: dict[str, tuple[str, str]] = {
         "a tracked metric moved beyond its threshold with confidence, without a recognised cause",
         "compare the window's device, server and error evidence with the baseline",
     ),
+    "confident drift": (
+        "at the end of the run: a level that differs from the baseline beyond the threshold, with confidence, "
+        "from some window on",
+        "what changed at that time: a deploy, the driver, the thermal state, other tenants of the machine",
+    ),
+    "likely drift": (
+        "at the end of the run: a level beyond the threshold whose change is significant but whose interval "
+        "reaches inside the threshold (reported, not failing)",
+        "a longer run or more requests per window would settle it",
+    ),
+    "creep": (
+        "a level that moves steadily over the run (Mann-Kendall with autocorrelation, Sen's slope)",
+        "fragmentation, growing caches or queues, rising temperature",
+    ),
+    "power-capped, healthy": (
+        "a power or thermal clocks-event reason active with the SM clock and latency where they were at the "
+        "baseline",
+        "nothing: the GPU runs at its limit under full load",
+    ),
 }
 DIAGNOSES: tuple[str, ...] = tuple(TROUBLESHOOTING)
 

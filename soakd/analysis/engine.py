@@ -17,9 +17,9 @@ from soakd.analysis import changes as changes_mod
 from soakd.analysis import drift as drift_mod
 from soakd.analysis import leak as leak_mod
 from soakd.analysis import levels as levels_mod
-from soakd.analysis.periodic import PeriodicDrops, periodic_drops
 from soakd.analysis import throttle as throttle_mod
 from soakd.analysis.diagnosis import Finding, diagnose
+from soakd.analysis.periodic import PeriodicDrops, periodic_drops
 from soakd.config.analysis import AnalysisConfig
 from soakd.core.summary import QuiesceProbe, WindowSummary
 

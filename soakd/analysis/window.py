@@ -21,10 +21,17 @@ from typing import Any
 from soakd.analysis.sketch import RELATIVE_ACCURACY, merged, new_sketch, quantile
 from soakd.analysis.stats import quantile_ci
 from soakd.analysis.telemetry import TelemetryStats
+from soakd.config.analysis import ClientConfig
 from soakd.core.records import OUTCOMES, Outcome, RequestRecord
 from soakd.core.series import Series
-from soakd.config.analysis import ClientConfig
-from soakd.core.summary import ClientSummary, Quantiles, QuiesceProbe, ScenarioSummary, SubWindows, WindowSummary
+from soakd.core.summary import (
+    ClientSummary,
+    Quantiles,
+    QuiesceProbe,
+    ScenarioSummary,
+    SubWindows,
+    WindowSummary,
+)
 
 FAMILIES = ("e2e", "ttft", "itl")
 MIN_SUB_COUNT = 2  # requests a sub-window needs to enter the batch means
@@ -69,12 +76,13 @@ class SubStats:
 
 STALL_LAG = 0.02  # heartbeat lags beyond this count as stall time
 BUCKET = 0.1  # seconds: the freeze detector's resolution
+TAIL = 120.0  # seconds after the window's end that its requests are followed for
 
 
 class ClientStats:
     """soakd's own health in one window (see ``ClientSummary``) and the activity buckets of the
-    freeze detector: per 100 ms of the window, whether a request was in flight and whether a byte
-    arrived (bounded: one byte per bucket)."""
+    freeze detector: per 100 ms of the window (and up to 2 minutes after it), whether one of the
+    window's requests was in flight and whether a byte of one arrived (bounded: one byte per bucket)."""
 
     __slots__ = ("lag", "heartbeats", "lag_max", "stall", "cpu", "throttled", "periods", "flags", "start",
                  "inflight_delta")
@@ -88,7 +96,9 @@ class ClientStats:
         self.throttled: float | None = None
         self.periods: int | None = None
         self.start = start
-        n = max(1, math.ceil(seconds / BUCKET))
+        # the window and a tail (its requests run on after its end: a freeze that begins late in the
+        # window is measured whole, on them)
+        n = max(1, math.ceil((seconds + min(seconds, TAIL)) / BUCKET))
         self.flags = bytearray(n)  # bit 0: a byte arrived in the bucket
         self.inflight_delta = [0] * (n + 1)  # +1 where a request starts, -1 where it ends
 

@@ -97,6 +97,13 @@ class SimFaults(BaseModel):
         ),
     )
     stall_duration: Duration = Field(5.0, description="How long a stall lasts, e.g. '5s'.")
+    freeze_every: Duration | None = Field(
+        None,
+        gt=0,
+        description="The whole engine freezes every so often (server uptime k x freeze_every, k >= 1): no stream "
+        "emits a token for freeze_duration, while /health and /v1/models still answer.",
+    )
+    freeze_duration: Duration = Field(10.0, gt=0, description="How long each engine freeze lasts.")
     truncate_rate: float = Field(
         0.0,
         description=(

@@ -28,6 +28,8 @@ _FLAG_FIELDS: dict[str, tuple[str | None, str]] = {
     "error_rate_429": ("faults", "error_rate_429"),
     "stall_rate": ("faults", "stall_rate"),
     "stall_duration": ("faults", "stall_duration"),
+    "freeze_every": ("faults", "freeze_every"),
+    "freeze_duration": ("faults", "freeze_duration"),
     "truncate_rate": ("faults", "truncate_rate"),
     "malformed_rate": ("faults", "malformed_rate"),
     "garbled_rate": ("faults", "garbled_rate"),

@@ -143,6 +143,7 @@ class Exchange:
                 deadline += model.tpot_seconds(mult)
             if i == stall_at:
                 deadline += stall
+            deadline = model.frozen_until(deadline, loop.time())
             delay = deadline - loop.time()
             if delay > 0:
                 if buf:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import random
 import time
 from collections import deque
@@ -157,6 +158,19 @@ class SimModel:
         if self.device is not None:
             multiplier *= self.device.slowdown()
         return multiplier
+
+    def frozen_until(self, t: float, now: float) -> float:
+        """``t`` (a time on the caller's clock, whose present is ``now``), moved to the end of the
+        engine freeze it falls in (fault ``freeze_every``/``freeze_duration``, server uptime)."""
+        f = self.config.faults
+        if not f.freeze_every:
+            return t
+        offset = (self.clock() - self.started) - now  # uptime = t + offset
+        u = t + offset
+        k = math.floor(u / f.freeze_every)
+        if k >= 1 and u - k * f.freeze_every < f.freeze_duration:
+            return k * f.freeze_every + f.freeze_duration - offset
+        return t
 
     def output_changed(self) -> bool:
         """Whether deterministic outputs are answered from their changed offset now

@@ -92,9 +92,9 @@ class Soak:
     window the analyzer took, with every ``soakd_*`` sample of the registry right after it and the
     window's drift results) and of the loop stalls during the run (``stalls``)."""
 
-    def __init__(self, cfg: SoakConfig, nvml: Any = None) -> None:
+    def __init__(self, cfg: SoakConfig, nvml: Any = None, record_listeners: tuple[Any, ...] = ()) -> None:
         self.state_dir = cfg.run.state_dir
-        self.daemon = Runtime(cfg, progress=False, nvml_module=nvml, new_run=True)
+        self.daemon = Runtime(cfg, progress=False, nvml_module=nvml, new_run=True, record_listeners=record_listeners)
         self.final: dict[str, Any] = {}
         self.extra: dict[str, Any] = {}
         self.seen: list[dict[str, Any]] = []
@@ -510,3 +510,65 @@ async def test_canary_mismatch_is_reported(tmp_path: Path) -> None:
     assert [e.window for e in stored if e.kind == "canary"][0] == k
     assert final["verdict"]["passed"] is False
     assert f"canary: output changed (window {k})" in final["verdict"]["reasons"]
+
+
+@pytest.mark.timeout(120)
+async def test_soakd_stalling_itself_is_client_impaired_and_inconclusive(tmp_path: Path) -> None:
+    """soakd's own event loop blocked for 300 ms after every 150th finished request (a record listener
+    that sleeps: a stop-the-world pause, a CPU limit): every window is client-impaired (the 10 ms
+    heartbeat saw a stall beyond 250 ms), shown and exported, never judged -- no drift finding
+    although the stalls move every latency -- and the run is INCONCLUSIVE."""
+    count = 0
+
+    def stall(_rec: Any) -> None:
+        nonlocal count
+        count += 1
+        if count % 150 == 0:
+            time.sleep(0.3)
+
+    async with SimServer(SimConfig(**SIM)) as sim:
+        soak = Soak(soak_config(sim, tmp_path / "run", windows=8, window=2.0, warmup=1.0,
+                                analysis={"drift": {"baseline_windows": 2}}), record_listeners=(stall,))
+        await soak.finish(60)
+    d, final = soak.daemon, soak.final
+    windows = [w for w in final["windows"] if not w["partial"]]
+    impaired = [w["window"] for w in windows if (w.get("client") or {}).get("impaired")]
+    assert impaired == [w["window"] for w in windows], [(w["window"], w.get("client")) for w in windows]
+    c = windows[0]["client"]
+    assert c["loop_lag_max_seconds"] >= 0.25 and c["heartbeats"] > 50 and "one stall of" in c["impaired_reason"]
+    assert not [f for f in d.analyzer.findings if f["kind"] == "drift"], d.analyzer.findings
+    assert d.analyzer.pool == [] and final["verdict"]["result"] == "INCONCLUSIVE", final["verdict"]
+    by_window = soak.by_window()
+    assert all(value(by_window[i], "soakd_window_client_impaired") == 1 for i in impaired)
+    assert value(by_window[impaired[0]], "soakd_window_loop_lag_seconds", quantile="1") >= 0.25
+    stored = [e for e in events(soak.state_dir, d.run_id) if e.kind == "client"]
+    assert len(stored) == len(impaired) and "client-impaired" in stored[0].message
+    print(f"\nclient-impaired: windows {impaired}; first: {c['impaired_reason']}; verdict "
+          f"{final['verdict']['inconclusive']}")
+
+
+@pytest.mark.timeout(120)
+async def test_an_engine_freeze_is_found_while_soakd_stays_punctual(tmp_path: Path) -> None:
+    """The simulated engine emits no token for 1.5 s every 4 s of its uptime (its health and model
+    endpoints keep answering); with ``client.freeze_min`` 1 s (compressed like the run) every
+    window that holds a freeze has a 'server froze' finding naming its length, soakd's own loop
+    lag stays far below it, and the verdict FAILs on it."""
+    faults = {"freeze_every": 4.0, "freeze_duration": 1.5}
+    async with SimServer(SimConfig(**SIM, faults=faults)) as sim:
+        soak = Soak(soak_config(sim, tmp_path / "run", windows=6, window=2.0, warmup=1.0,
+                                analysis={"client": {"freeze_min": 1.0}, "drift": {"baseline_windows": 2}}))
+        await soak.finish(60)
+    d, final = soak.daemon, soak.final
+    windows = [w for w in final["windows"] if not w["partial"]]
+    spans = {w["window"]: (w.get("client") or {}).get("freeze_max_seconds") or 0.0 for w in windows}
+    frozen = [f for f in d.analyzer.findings if f["kind"] == "freeze"]
+    assert frozen, (spans, d.analyzer.findings)
+    for f in frozen:
+        assert f["diagnosis"] == "server froze" and f["severity"] == "critical"
+        assert 1.0 <= f["evidence"]["freeze_seconds"] <= 2.0 and f["evidence"]["loop_lag_max_seconds"] < 0.5, f
+    assert max(spans.values()) >= 1.2, spans  # the freezes were seen ...
+    assert len(frozen) >= 2, spans  # ... in most windows (one every 4 s, windows of 2 s)
+    assert value(samples(d), "soakd_window_freeze_seconds") is not None
+    assert final["verdict"]["result"] == "FAIL"
+    assert any(r.startswith("freeze: server froze") for r in final["verdict"]["reasons"])
+    print(f"\nfreeze: longest silence by window {spans}; findings in windows {[f['window'] for f in frozen]}")

@@ -207,7 +207,7 @@ async def test_soak_all_scenarios_with_outage_and_recovery(tmp_path: Path) -> No
     reasons = failures_by_reason(last[0])
     print("failure reasons:", reasons)
     print("outage timeline (s since soakd start):", json.dumps({k: round(v, 2) for k, v in timeline.items()}))
-    assert rc in (0, 1), f"soakd exited {rc}:\n{out[-4000:]}\n{soak.stderr[-2000:]}"
+    assert rc in (0, 1, 3), f"soakd exited {rc}:\n{out[-4000:]}\n{soak.stderr[-2000:]}"  # a verdict, not a crash
     assert "Traceback" not in soak.stderr, soak.stderr[-3000:]
     assert len(events(soak, "server_no_kv_gauge")) == 1, "said once, also across the server's restart"
     assert events(soak, "target_down") and events(soak, "target_up")
@@ -321,7 +321,7 @@ async def test_keep_alive_reuse_and_no_keep_alive(tmp_path: Path) -> None:
     for name, r in (("keep-alive", ka), ("no keep-alive", noka)):
         print(f"{name}: {r['requests']} requests, outcomes {r['outcomes']}, failure reasons {r['reasons']}, "
               f"connection_error share {r['conn_share']:.2%}, target_down events {r['target_down']}")
-        assert r["rc"] in (0, 1) and "Traceback" not in r["stderr"], r["stderr"][-3000:]
+        assert r["rc"] in (0, 1, 3) and "Traceback" not in r["stderr"], r["stderr"][-3000:]  # any verdict
         assert r["outcomes"]["ok"] > 100
         assert r["outcomes"]["invalid_response"] == 0 and r["outcomes"]["timeout"] == 0
     # llama-server (this pinned build) closes the connection after every streamed response without
