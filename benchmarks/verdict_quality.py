@@ -487,6 +487,29 @@ def measure(cell: Cell, runs: int, seed0: int, pool: ProcessPoolExecutor | None)
             "leak_rate_median": rates[len(rates) // 2] if rates else None}
 
 
+MEASURE = {
+    "pass": "false FAIL", "fail_by": "FAIL by window 14", "no_confident": "confident drift", "trend": "trend found",
+    "leak_by": "leak finding by hour 8", "periodic": "periodic drops found", "freeze": "freeze finding",
+    "inconclusive": "INCONCLUSIVE, not FAIL", "restart": "restart reported, no drift/leak FAIL",
+}
+
+
+def markdown(data: dict[str, Any]) -> str:
+    """The measured table: one row per cell."""
+    by_name = {c.name: c for c in CELLS}
+    lines = [f"| scenario | target | measured ({data['runs']} runs) | final FAIL | any live flag | periodic drops found |",
+             "|---|---|---|---|---|---|"]
+    for r in data["rows"]:
+        cell = by_name.get(r["cell"])
+        what = MEASURE.get(cell.expect, "") if cell else ""
+        if cell is not None and cell.expect == "leak_by" and cell.limit == 0.0:
+            what = f"leak finding; median rate {r.get('leak_rate_median') or 0:.0f} MB/h"
+        mark = "" if r["ok"] else " (missed)"
+        lines.append(f"| {r['what']} | {r['target']} | {what}: {r['value']:.1%}{mark} | {r['fail']:.1%} | "
+                     f"{r['live']:.1%} | {r.get('periodic', 0.0):.1%} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="20 runs per cell")
@@ -495,7 +518,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--json", type=Path)
+    p.add_argument("--markdown", type=Path, metavar="JSON",
+                   help="print the table of an earlier --json file as Markdown (the README's) and exit")
     a = p.parse_args(argv)
+    if a.markdown:
+        print(markdown(json.loads(a.markdown.read_text())))
+        return 0
     runs = a.runs or (20 if a.quick else 200)
     cells = [c for c in CELLS if not a.cells or c.name in a.cells.split(",")]
     t0 = time.monotonic()

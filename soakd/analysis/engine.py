@@ -405,8 +405,8 @@ class Analyzer:
                                       message=pd.message(), evidence={"fails": False, **pd.to_dict()}, window=None))
             for t in rd.trends:
                 self._finding(Finding(kind="drift", diagnosis="creep", severity="critical"
-                                      if t.tier == "confident" and t.direction == "degraded" else "warning"
-                                      if t.direction == "degraded" else "info", message=t.message(),
+                                      if t.tier == "confident" and t.direction == "degraded" else "info",
+                                      message=t.message(),
                                       evidence={"tier": t.tier, **t.to_dict()}, window=t.first_window))
         return self.run_drift
 

@@ -23,7 +23,8 @@ part of the mean squared successive difference (von Neumann) that the windows' `
 explain: ``tau2 = max(0, mean((y[i+1] - y[i])^2) / 2 - mean(var))``. Successive differences are
 insensitive to a slow trend, and a step moves only one of them; the largest ``df // 4`` squared
 differences are winsorised (set to the next largest), so that a step or a throttle episode in the
-history does not hide the next change behind a noise floor it inflated. ``df`` (the number of
+history does not hide the next change behind a noise floor it inflated (and the mean is divided by
+what winsorising leaves of it under noise, ``E[min(X, q)]`` for chi-square X: no bias). ``df`` (the number of
 differences) goes with it: comparisons use Student-t quantiles at that many degrees of freedom,
 so a noise floor estimated from few windows is trusted accordingly.
 
@@ -36,6 +37,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from scipy.stats import chi2
 
 from soakd.analysis.drift import metric_value
 from soakd.analysis.stats import z_value
@@ -113,7 +116,18 @@ def between_variance(series: list[Level], breaks: frozenset[int] = frozenset()) 
     if not d2:
         return 0.0, 0
     cut = len(d2) // 4
+    scale = 1.0
     if cut:
         d2.sort()
         d2[-cut:] = [d2[-cut - 1]] * cut
-    return max(0.0, sum(d2) / (2 * len(d2)) - sum(within) / len(within)), len(d2)
+        scale = _winsorised_mean(cut / len(d2))
+    return max(0.0, sum(d2) / (2 * len(d2) * scale) - sum(within) / len(within)), len(d2)
+
+
+def _winsorised_mean(p: float) -> float:
+    """E[min(X, q)] for X chi-square with 1 degree of freedom and q its (1 - p) quantile: what
+    winsorising the top ``p`` of the squared differences leaves of their mean under noise (divided
+    out, so that the estimate stays unbiased)."""
+    q = float(chi2.ppf(1.0 - p, 1))
+    # E[X; X < q] for chi2(1) is P(chi2(3) < q); plus q P(X > q)
+    return float(chi2.cdf(q, 3)) + q * p

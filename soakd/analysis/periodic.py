@@ -16,7 +16,8 @@ of the ``2m`` neighbouring frequencies (the two next to the peak left out, where
 leaks): the peak over it is F(2, 2m)-distributed under noise, ``p = (1 + z/m)^-m``, and the
 false-alarm probability of the highest of ``M`` frequencies is ``1 - (1 - p)^M``; a peak with FAP
 below ``fap`` (1%) is periodic drops at that period. The depth is read by folding the series
-at the period: the slowest quarter of the phase against the rest.
+at the period: the slowest quarter of the phase against the rest; drops shallower than 2.5% (half
+the default drift threshold) are no finding.
 """
 
 from __future__ import annotations
@@ -70,8 +71,10 @@ def minute_series(windows: list[WindowSummary], family: str = "e2e") -> tuple[np
 
 
 def periodic_drops(windows: list[WindowSummary], *, min_period: float = 600.0, max_period: float = 14400.0,
-                   fap: float = 0.01, family: str = "e2e") -> PeriodicDrops | None:
-    """The strongest period between ``min_period`` and ``max_period`` when its FAP is below ``fap``."""
+                   fap: float = 0.01, min_depth: float = 0.025, family: str = "e2e") -> PeriodicDrops | None:
+    """The strongest period between ``min_period`` and ``max_period`` when its FAP is below ``fap``
+    and its drops are at least ``min_depth`` deep (half the default drift threshold: a 1% ripple
+    is no finding, however regular)."""
     t, y = minute_series(windows, family)
     if len(t) < 60:
         return None
@@ -112,4 +115,6 @@ def periodic_drops(windows: list[WindowSummary], *, min_period: float = 600.0, m
     phase = ((x / period) % 1.0 * 4).astype(int)
     means = [float(resid[phase == q].mean()) for q in range(4) if np.any(phase == q)]
     depth = math.expm1(max(means) - float(np.mean([m for m in means if m != max(means)] or [0.0])))
+    if depth < min_depth:
+        return None
     return PeriodicDrops(period_seconds=period, fap=p, depth_ratio=depth, points=len(t), frequencies=tested)

@@ -259,8 +259,9 @@ async def test_latency_step_is_flagged_live_and_located_at_the_end(tmp_path: Pat
 @pytest.mark.timeout(200)
 async def test_stationary_noisy_simulator_is_not_flagged_over_twenty_windows(tmp_path: Path) -> None:
     """The same noisy simulator, no fault, 20 windows of 2 s, the default drift analysis (device
-    telemetry through the fake NVML included, so energy per token is judged too): 380 comparisons,
-    no finding at all, the verdict PASS."""
+    telemetry through the fake NVML included, so energy per token is judged too): no failing
+    finding, every judged comparison ok, the verdict PASS -- or INCONCLUSIVE when this machine kept
+    soakd's own loop from running in most windows (client-impaired: shown, never judged), never FAIL."""
 
     async def attempt(state_dir: Path) -> Soak:
         async with SimServer(SimConfig(**SIM)) as sim:
@@ -278,31 +279,47 @@ async def test_stationary_noisy_simulator_is_not_flagged_over_twenty_windows(tmp
     assert min(w["requests"] for w in windows) >= 110, [w["requests"] for w in windows]  # p95s judged
     assert all((w["device"].get("energy_per_output_token_joules") or 0) > 0 for w in windows)
 
+    # windows in which soakd's own loop stalled (this machine busy) are client-impaired: shown, not judged
+    impaired = {w["window"] for w in windows if (w.get("client") or {}).get("impaired")}
     results = [r for s in soak.seen for r in s["drift"]]
-    pool = d.config.analysis.drift.baseline_windows
-    assert len(results) == (20 - pool) * 2 * len(metrics)  # the windows after the pool, vs the pool and the previous
-    not_ok = [r.message() for r in results if r.status != "ok"]
+    pool_last = d.analyzer.pool[-1].window
+    assert len(d.analyzer.pool) == d.config.analysis.drift.baseline_windows
+    assert not impaired & {p.window for p in d.analyzer.pool}  # never a baseline
+    # every window after the pool, against the pool and the previous window
+    assert len(results) == sum(w["window"] > pool_last for w in windows) * 2 * len(metrics), len(results)
+    judged = [r for r in results if r.window not in impaired
+              and not (r.reference == "previous" and r.window - 1 in impaired)]
+    not_ok = [r.message() for r in judged if r.status != "ok"]
     assert not_ok == [], (not_ok, f"loop stalls (ms) by window: {stalls}")
-    assert d.analyzer.findings == [], ([f["message"] for f in d.analyzer.findings], stalls)
+    assert all(r.status == "insufficient" for r in results if r.window in impaired)
+    assert [f for f in d.analyzer.findings if f["severity"] != "info"] == [], (
+        [f["message"] for f in d.analyzer.findings], stalls)
     for s in soak.seen:
         assert all(value(s["samples"], "soakd_drift_detected", metric=m) == 0 for m in metrics), s["window"]
     last = samples(d)
     assert all(value(last, "soakd_drift_events_total", metric=m) == 0 for m in metrics)
     leaks = {dict(k[1])["source"]: v for k, v in last.items() if k[0] == "soakd_memory_leak_suspected"}
     assert leaks.get("device_memory") == 0 and leaks.get("kv_cache") == 0 and set(leaks.values()) == {0.0}
-    assert value(last, "soakd_throttle_detected") == 0 and value(last, "soakd_verdict_pass") == 1
-    assert final["verdict"]["passed"] is True and final["verdict"]["reasons"] == []
+    assert value(last, "soakd_throttle_detected") == 0
+    v = final["verdict"]
+    # a *likely* change (reported, never failing) can happen: the simulator shares this machine, and a busy
+    # machine slows it for minutes; nothing confident
+    assert v["reasons"] == [] and not [c for c in v["drift"]["changes"] if c["tier"] == "confident"], v["drift"]
+    # PASS when at least half the windows (and the pool + 2) could be judged; else INCONCLUSIVE -- never FAIL
+    assert v["result"] == ("PASS" if 20 - len(impaired) >= 10 else "INCONCLUSIVE"), (v["result"], impaired)
+    assert value(last, "soakd_verdict_pass") == 1  # nothing failed the run
     stored = events(soak.state_dir, d.run_id)
-    assert {e.kind for e in stored} <= {"baseline", "canary_reference"}, [(e.kind, e.message) for e in stored]
+    assert {e.kind for e in stored if e.severity != "info"} == set(), [(e.kind, e.message) for e in stored]
+    assert {e.kind for e in stored} <= {"baseline", "canary_reference", "client", "drift"}, {e.kind for e in stored}
 
-    worst = {m: max(abs(r.ratio) for r in results if r.metric == m) for m in metrics}
+    ok = [r for r in judged if r.ratio is not None]
+    worst = {m: max((abs(r.ratio) for r in ok if r.metric == m), default=0.0) for m in metrics}
     # how close a comparison came to a flag: the interval's near end beyond the threshold (> 0 flags)
-    closest = max(results, key=lambda r: (r.ratio_ci[0] - r.threshold) if r.ratio >= 0
-                  else (-r.threshold - r.ratio_ci[1]))
-    assert final["verdict"]["drift"]["changes"] == [] and final["verdict"]["result"] == "PASS"
+    closest = max(ok, key=lambda r: (r.ratio_ci[0] - r.threshold) if r.ratio >= 0 else (-r.threshold - r.ratio_ci[1]))
     print(f"\nstationary: requests/window {min(w['requests'] for w in windows)}-{max(w['requests'] for w in windows)}; "
-          f"{len(results)} comparisons; largest |change| {({m: round(v, 4) for m, v in worst.items()})}; "
-          f"closest to a flag: {closest.message()}; loop stalls (ms) by window {stalls}")
+          f"{len(judged)} judged comparisons; client-impaired windows {sorted(impaired)}; largest |change| "
+          f"{({m: round(v, 4) for m, v in worst.items()})}; closest to a flag: {closest.message()}; "
+          f"loop stalls (ms) by window {stalls}; at the end: {[c['metric'] + ' ' + c['tier'] for c in v['drift']['changes']]}")
 
 
 @pytest.mark.timeout(120)
