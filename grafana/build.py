@@ -282,7 +282,7 @@ def overview() -> dict[str, Any]:
                    "heartbeat); the longest span with requests in flight and no byte received (a server freeze "
                    "when soakd was punctual).", "s",
                    [target(f"soakd_window_client_impaired{sel()}", "client-impaired {{pod}}"),
-                    target(m("soakd_window_loop_lag_seconds", 'quantile="0.99"'), "loop lag p99 {{pod}}"),
+                    target(m("soakd_window_loop_lag_seconds", 'stat="p99"'), "loop lag p99 {{pod}}"),
                     target(f"soakd_window_freeze_seconds{sel()}", "longest silence {{pod}}")], w=8, min_=0),
         bargauge("Smallest detectable change", "The smallest change one window can show as confident drift "
                  "against the baseline pool at this run's noise (Bonferroni over the run): a regression smaller "

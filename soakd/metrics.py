@@ -128,8 +128,8 @@ CATALOGUE: tuple[MetricSpec, ...] = (
                "1 when soakd itself stalled in the last closed window (event-loop lag, CFS throttling of its cgroup): "
                "the window is shown, never judged.", group="analysis"),
     MetricSpec("soakd_window_loop_lag_seconds", "gauge",
-               "soakd's event-loop lag in the last closed window (a 10 ms heartbeat), by quantile (0.5, 0.99, 1 = max).",
-               ("quantile",), group="analysis"),
+               "soakd's event-loop lag in the last closed window (a 10 ms heartbeat), by stat (p50, p99, max).",
+               ("stat",), group="analysis"),
     MetricSpec("soakd_window_freeze_seconds", "gauge",
                "The longest span of the last closed window with requests in flight and no byte received from any.",
                group="analysis"),

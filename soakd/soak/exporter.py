@@ -61,8 +61,8 @@ class AnalysisExporter:
             yield imp
             if c is not None and c.heartbeats:
                 lag = BY_NAME["soakd_window_loop_lag_seconds"].family()
-                for q, v in (("0.5", c.loop_lag_p50_seconds), ("0.99", c.loop_lag_p99_seconds),
-                             ("1", c.loop_lag_max_seconds)):
+                for q, v in (("p50", c.loop_lag_p50_seconds), ("p99", c.loop_lag_p99_seconds),
+                             ("max", c.loop_lag_max_seconds)):
                     if v is not None:
                         lag.add_metric([q], v)
                 yield lag

@@ -59,6 +59,11 @@ SIM: dict[str, Any] = {
 }
 GIB = 1024**3
 STALL = 0.02  # loop lags above this are recorded in Soak.stalls (printed, never excused)
+# The plumbing tests judge faults far beyond what a stall of this machine does to a 2 s window, and do not
+# test soakd's own health: they judge every window (client-impaired off). The stationary test and the
+# client-impaired test keep the defaults, under which a 1-2 s window is impaired by ~20 ms of stalls.
+LAX_CLIENT: dict[str, Any] = {"max_stall_share": 1.0, "max_lag": 3600.0, "max_throttled_share": 1.0}
+DEFAULT_CLIENT: dict[str, Any] = {"max_stall_share": 0.005, "max_lag": 0.25, "max_throttled_share": 0.01}
 
 
 @pytest.fixture(autouse=True)
@@ -80,7 +85,8 @@ def soak_config(sim: SimServer, state_dir: Path, *, windows: int, window: float 
         "scenarios": {"short_chat": {"prompt_tokens": 32, "max_tokens": 3}},
         "samplers": {"interval": 0.25, "nvml": {"mode": "on" if nvml else "off"}},
         # the canary (one per quiesce probe) short: 32 tokens x 30 ms would outlast a 1 s window
-        "analysis": {"leak": {"horizon_hours": 0.01, "min_span": 0.0}, "canary": {"max_tokens": 4}},
+        "analysis": {"leak": {"horizon_hours": 0.01, "min_span": 0.0}, "canary": {"max_tokens": 4},
+                     "client": LAX_CLIENT},
         "metrics": {"host": "127.0.0.1", "port": 0},
         "log": {"progress": False},
     }
@@ -266,7 +272,8 @@ async def test_stationary_noisy_simulator_is_not_flagged_over_twenty_windows(tmp
     async def attempt(state_dir: Path) -> Soak:
         async with SimServer(SimConfig(**SIM)) as sim:
             fake_pynvml.bind(sim.device)
-            soak = Soak(soak_config(sim, state_dir, windows=20, window=2.0, warmup=2.0, nvml=True), nvml=fake_pynvml)
+            soak = Soak(soak_config(sim, state_dir, windows=20, window=2.0, warmup=2.0, nvml=True,
+                                    analysis={"client": DEFAULT_CLIENT}), nvml=fake_pynvml)
             await soak.finish(90)
         return soak
 
@@ -545,7 +552,8 @@ async def test_soakd_stalling_itself_is_client_impaired_and_inconclusive(tmp_pat
 
     async with SimServer(SimConfig(**SIM)) as sim:
         soak = Soak(soak_config(sim, tmp_path / "run", windows=8, window=2.0, warmup=1.0,
-                                analysis={"drift": {"baseline_windows": 2}}), record_listeners=(stall,))
+                                analysis={"drift": {"baseline_windows": 2}, "client": DEFAULT_CLIENT}),
+                    record_listeners=(stall,))
         await soak.finish(60)
     d, final = soak.daemon, soak.final
     windows = [w for w in final["windows"] if not w["partial"]]
@@ -557,7 +565,7 @@ async def test_soakd_stalling_itself_is_client_impaired_and_inconclusive(tmp_pat
     assert d.analyzer.pool == [] and final["verdict"]["result"] == "INCONCLUSIVE", final["verdict"]
     by_window = soak.by_window()
     assert all(value(by_window[i], "soakd_window_client_impaired") == 1 for i in impaired)
-    assert value(by_window[impaired[0]], "soakd_window_loop_lag_seconds", quantile="1") >= 0.25
+    assert value(by_window[impaired[0]], "soakd_window_loop_lag_seconds", stat="max") >= 0.25
     stored = [e for e in events(soak.state_dir, d.run_id) if e.kind == "client"]
     assert len(stored) == len(impaired) and "client-impaired" in stored[0].message
     print(f"\nclient-impaired: windows {impaired}; first: {c['impaired_reason']}; verdict "
