@@ -256,17 +256,18 @@ def evaluate_memory(windows: list[Window], source: str, cfg: LeakConfig | None =
 
 
 def _mad_sigma(d: list[float]) -> float:
-    """Noise of one reading from successive differences (median absolute deviation, normal scale)."""
+    """The spread of the successive differences themselves (median absolute deviation, normal scale):
+    a jump is judged against what a difference of two noisy readings does."""
     med = statistics.median(d)
-    return 1.4826 * statistics.median(abs(x - med) for x in d) / math.sqrt(2.0)
+    return 1.4826 * statistics.median(abs(x - med) for x in d)
 
 
 def memory_pattern(source: str, pts: list[tuple[float, float]], cfg: LeakConfig, *, total: float | None = None,
                    points: str = "windows") -> LeakResult:
     """Classify a memory series ``(t_unix, bytes)`` and judge its sustained part.
 
-    * Noise ``sigma``: the successive differences' MAD. A *jump* is a difference beyond
-      ``max(5 sigma, step_bytes)``; consecutive jumps up are a ramp.
+    * Noise ``sigma``: the successive differences' MAD (normal scale). A *jump* is a difference
+      beyond ``max(5 sigma, step_bytes)``; consecutive jumps up are a ramp.
     * A jump down is a *release*: the series is a **sawtooth**; judged on its troughs (the first
       reading and each reading after a release), needing 3 of them.
     * Otherwise the judged part starts at a third of the series, or after the last isolated jump

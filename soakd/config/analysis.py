@@ -173,7 +173,7 @@ class LeakConfig(_Model):
         64 * 2**20,
         gt=0,
         description="The smallest jump between two readings that counts as a step or a release (and at least five "
-        "times the readings' noise).",
+        "times the spread of the differences between readings).",
     )
 
     def budget_for(self, source: str) -> float:

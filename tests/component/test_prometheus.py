@@ -155,7 +155,11 @@ async def test_every_dashboard_and_rule_expression_returns_data(tmp_path: Path) 
             "demo", "--duration", "150s", "--window", "10s", "--warmup", "3s", "--sample-interval", "1s",
             "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port), "--log-format", "json",
             "--no-progress", "--demo-episodes", "--state-dir", str(tmp_path / "state"),
-            env=soakd_env(SOAKD_ANALYSIS__QUIESCE__SETTLE="0.2s", SOAKD_SIM__FAULTS__ERROR_RATE_500="0.01"),
+            # every 10 s window judged however busy this machine keeps soakd (its own-health panel still has
+            # data: the flag is 0), so that the baseline pool completes and the drift panels fill
+            env=soakd_env(SOAKD_ANALYSIS__QUIESCE__SETTLE="0.2s", SOAKD_SIM__FAULTS__ERROR_RATE_500="0.01",
+                          SOAKD_ANALYSIS__CLIENT__MAX_STALL_SHARE="1", SOAKD_ANALYSIS__CLIENT__MAX_LAG="1h",
+                          SOAKD_ANALYSIS__CLIENT__MAX_THROTTLED_SHARE="1"),
             cwd=tmp_path,
         )  # fmt: skip
         await soakd.json_event("soakd_started", timeout=30)
