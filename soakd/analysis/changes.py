@@ -184,10 +184,8 @@ class Change:
     threshold: float
 
     def message(self) -> str:
-        absolute = METRICS[self.metric].absolute
-
         def f(x: float) -> str:
-            return f"{x * 100:+.1f}{'pp' if absolute else '%'}"
+            return _change(self.metric, x)
 
         return (f"{self.metric} {'stepped' if self.window > 0 else 'differs'} {f(self.ratio)} "
                 f"(CI {f(self.ci[0])}..{f(self.ci[1])}) from window {self.window}"
@@ -195,9 +193,7 @@ class Change:
                 f"{self.direction}, threshold {f(self.threshold)[1:]}")
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["ci"] = list(self.ci)
-        return d
+        return {**asdict(self), "ci": list(self.ci)}
 
 
 @dataclass(frozen=True)
@@ -215,19 +211,15 @@ class Trend:
     threshold: float
 
     def message(self) -> str:
-        absolute = METRICS[self.metric].absolute
-
         def f(x: float) -> str:
-            return f"{x * 100:+.1f}{'pp' if absolute else '%'}"
+            return _change(self.metric, x)
 
         return (f"{self.metric} creeps {f(self.total_ratio)} over windows {self.first_window}-{self.last_window} "
                 f"(Sen CI {f(self.total_ci[0])}..{f(self.total_ci[1])}, Mann-Kendall p {self.p_value:.2g}): "
                 f"{self.tier} {self.direction}")
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["total_ci"] = list(self.total_ci)
-        return d
+        return {**asdict(self), "total_ci": list(self.total_ci)}
 
 
 @dataclass
@@ -244,6 +236,11 @@ class RunDrift:
         return {"changes": [c.to_dict() for c in self.changes], "trends": [t.to_dict() for t in self.trends],
                 "noise_floor": {m: math.sqrt(v) for m, v in self.tau2.items()},
                 "change_points": self.change_points, "pool": self.pool}
+
+
+def _change(metric: str, x: float) -> str:
+    """A change as people read it: +9.1% (error rate: +0.3pp)."""
+    return f"{x * 100:+.1f}{'pp' if METRICS[metric].absolute else '%'}"
 
 
 def _clock(t: float | None) -> str:
