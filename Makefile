@@ -64,6 +64,7 @@ test: $(VENV)/.installed-test system-deps e2e-prepare
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/client_capacity.py
+	$(PY) benchmarks/verdict_quality.py --quick
 
 metrics-table: $(VENV)/.installed
 	$(PY) -m soakd metrics --update-readme README.md
