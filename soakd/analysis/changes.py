@@ -73,6 +73,7 @@ __all__ = [
     "RunDrift",
     "Trend",
     "compare_levels",
+    "format_change",
     "judge_run",
     "live_z",
     "mde",
@@ -185,7 +186,7 @@ class Change:
 
     def message(self) -> str:
         def f(x: float) -> str:
-            return _change(self.metric, x)
+            return format_change(self.metric, x)
 
         return (f"{self.metric} {'stepped' if self.window > 0 else 'differs'} {f(self.ratio)} "
                 f"(CI {f(self.ci[0])}..{f(self.ci[1])}) from window {self.window}"
@@ -212,7 +213,7 @@ class Trend:
 
     def message(self) -> str:
         def f(x: float) -> str:
-            return _change(self.metric, x)
+            return format_change(self.metric, x)
 
         return (f"{self.metric} creeps {f(self.total_ratio)} over windows {self.first_window}-{self.last_window} "
                 f"(Sen CI {f(self.total_ci[0])}..{f(self.total_ci[1])}, Mann-Kendall p {self.p_value:.2g}): "
@@ -238,7 +239,7 @@ class RunDrift:
                 "change_points": self.change_points, "pool": self.pool}
 
 
-def _change(metric: str, x: float) -> str:
+def format_change(metric: str, x: float) -> str:
     """A change as people read it: +9.1% (error rate: +0.3pp)."""
     return f"{x * 100:+.1f}{'pp' if METRICS[metric].absolute else '%'}"
 

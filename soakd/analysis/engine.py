@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from soakd.analysis import changes as changes_mod
@@ -218,9 +218,8 @@ class Analyzer:
                 if lv is None or not ref:
                     r = drift_mod.compare(w, self.baseline if kind == "baseline" else prev, metric, cfg,
                                           reference_kind=kind)  # type: ignore[arg-type]
-                    out.append(drift_mod.DriftResult(**{**r.__dict__, "status": "insufficient"
-                                                        if r.status != "no_data" else "no_data",
-                                                        "direction": None}))
+                    out.append(replace(r, status="no_data" if r.status == "no_data" else "insufficient",
+                                       direction=None))
                     continue
                 out.append(changes_mod.compare_levels(metric, lv, ref, tau2, self.z_live, cfg,
                                                       reference_kind=kind))  # type: ignore[arg-type]
@@ -240,8 +239,7 @@ class Analyzer:
             mde[metric] = {"one_window": one,
                            "pooled_12_windows": changes_mod.mde(metric, var, pool, tau2, self.z_live, cfg, 12)}
         wins = [p.window for p in self.pool]
-        text = ", ".join(f"{m} {v['one_window'] * 100:.1f}{'pp' if m == 'error_rate' else '%'}"
-                         for m, v in mde.items())
+        text = ", ".join(f"{m} {changes_mod.format_change(m, v['one_window'])[1:]}" for m, v in mde.items())
         self._event("baseline", "info", f"windows {wins} are the baseline pool; smallest change one window can "
                     f"show as confident drift: {text}", {"windows": wins, "detectable": mde}, w.window)
 
