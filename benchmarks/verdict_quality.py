@@ -359,6 +359,7 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
                 live = True
 
     next_beat = 1.0
+    next_tick = 1.0  # soakd's scheduler tick (``policy.tick_seconds``): when windows close
     down = None
     if cell.restart_window is not None:
         down = (cell.restart_window * cell.window_s, (cell.restart_window + 1) * cell.window_s)
@@ -384,7 +385,9 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
                 analyzer.add_quiesce(probe)
             next_probe += cell.window_s
         clock.now = t
-        close(t)
+        if t >= next_tick:
+            close(t)
+            next_tick = math.floor(t) + 1.0
         w = tl.window_at(t)
         times = _byte_times(cell, t, e2e, ttft)
         rec = _record(t, times, w)
@@ -517,7 +520,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cells", help="comma list of cell names (default: all)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--json", type=Path)
+    p.add_argument("--json", type=Path, help="write the rows here (after every cell)")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the rows of the --json file that already have the runs asked for; measure the rest")
     p.add_argument("--markdown", type=Path, metavar="JSON",
                    help="print the table of an earlier --json file as Markdown (the README's) and exit")
     a = p.parse_args(argv)
@@ -527,12 +532,17 @@ def main(argv: list[str] | None = None) -> int:
     runs = a.runs or (20 if a.quick else 200)
     cells = [c for c in CELLS if not a.cells or c.name in a.cells.split(",")]
     t0 = time.monotonic()
+    done: dict[str, dict[str, Any]] = {}
+    if a.resume and a.json and a.json.exists():
+        done = {r["cell"]: r for r in json.loads(a.json.read_text())["rows"] if r["runs"] >= runs}
     rows = []
     pool = ProcessPoolExecutor(a.workers) if a.workers > 1 else None
     try:
         for cell in cells:
-            row = measure(cell, runs, a.seed, pool)
+            row = done.get(cell.name) or measure(cell, runs, a.seed, pool)
             rows.append(row)
+            if a.json:  # after every cell: a long measurement that is stopped keeps what it finished
+                a.json.write_text(json.dumps({"runs": runs, "rows": rows}, indent=2))
             kinds = ", ".join(f"{k} {v}" for k, v in sorted(row["findings"].items())) or "-"
             extra = f", leak rate median {row['leak_rate_median']:.0f} MB/h" if row["leak_rate_median"] is not None \
                 and cell.memory == "leak" else ""
@@ -543,8 +553,6 @@ def main(argv: list[str] | None = None) -> int:
         if pool is not None:
             pool.shutdown()
     print(f"({runs} runs per cell, {time.monotonic() - t0:.0f} s)")
-    if a.json:
-        a.json.write_text(json.dumps({"runs": runs, "rows": rows}, indent=2))
     return 0 if all(r["ok"] for r in rows) else 1
 
 
