@@ -337,6 +337,14 @@ def overview() -> dict[str, Any]:
                    "(soakd:request_error_ratio:rate5m); the line is the default 1% error budget.", "percentunit",
                    [target(f"soakd:request_error_ratio:rate5m{sel()}", "error ratio {{pod}}")], w=8, min_=0,
                    th=thresholds((None, "green"), (0.01, "red")), th_style="dashed"),
+        timeseries("Goodput (SLO attainment)", "Share of each scenario's measured requests that met every bound of "
+                   "its SLO (scenarios.<name>.slo) over 5 minutes (soakd:goodput_ratio:rate5m), its objective "
+                   "(dashed) and the last closed window's goodput_ratio (what goodput drift is judged on). "
+                   "Scenarios with an SLO only.", "percentunit",
+                   [target(f"soakd:goodput_ratio:rate5m{sel(SC)}", "{{scenario}} goodput"),
+                    target(f"soakd_slo_objective_ratio{sel(SC)}", "{{scenario}} objective"),
+                    target(m("soakd_window_value", 'metric="goodput_ratio"'), "window goodput {{pod}}")],
+                   w=24, min_=0, max_=1),
 
         row("Drift (per window, against the baseline and the previous window)"),
         timeseries("Drift vs baseline", "Signed relative change of each tracked quantity of the last closed window "

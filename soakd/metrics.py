@@ -101,6 +101,12 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     MetricSpec("soakd_usage_missing_total", "counter",
                "Successful responses without a usage block; their completion tokens were counted from "
                "stream events.", ("scenario",)),
+    MetricSpec("soakd_goodput_requests_total", "counter",
+               "Measured requests that met every SLO of their scenario (scenarios.<name>.slo: ttft, mean inter-token "
+               "gap, e2e); goodput = its rate over soakd_requests_total's. Only scenarios with an SLO.", ("scenario",)),
+    MetricSpec("soakd_slo_objective_ratio", "gauge",
+               "The share of a scenario's requests that must meet its SLO (scenarios.<name>.slo.quantile); goodput "
+               "below it breaks the SLO. Only scenarios with an SLO.", ("scenario",)),
     MetricSpec("soakd_warmup_requests_total", "counter",
                "Warm-up requests by outcome; excluded from every other load statistic.", ("outcome",)),
     MetricSpec("soakd_late_sends_total", "counter",
@@ -399,6 +405,7 @@ class SoakMetrics:
 
     scenarios: tuple[str, ...]
     version: str = "0"
+    slo_objectives: dict[str, float] = field(default_factory=dict)  # scenario -> the share that must meet its SLO
     sources: list[SnapshotSource] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -408,6 +415,7 @@ class SoakMetrics:
         self.prompt_tokens = LabeledCounter(S["soakd_prompt_tokens_total"])
         self.completion_tokens = LabeledCounter(S["soakd_completion_tokens_total"])
         self.usage_missing = LabeledCounter(S["soakd_usage_missing_total"])
+        self.goodput = LabeledCounter(S["soakd_goodput_requests_total"])
         self.warmup_requests = LabeledCounter(S["soakd_warmup_requests_total"])
         self.late_sends = LabeledCounter(S["soakd_late_sends_total"])
         self.windows_closed = LabeledCounter(S["soakd_windows_closed_total"])
@@ -430,6 +438,8 @@ class SoakMetrics:
             self.e2e.child(sc)
             self.ttft.child(sc)
             self.itl.child(sc)
+        for sc in self.slo_objectives:
+            self.goodput.init(sc)
         for outcome in OUTCOMES:
             self.warmup_requests.init(outcome)
         self.late_sends.init()
@@ -446,6 +456,12 @@ class SoakMetrics:
             fam = gauge.family()
             if fam is not None:
                 yield fam
+        if self.slo_objectives:  # a run without SLOs exports no goodput families
+            yield self.goodput.family()
+            obj = BY_NAME["soakd_slo_objective_ratio"].family()
+            for sc, q in sorted(self.slo_objectives.items()):
+                obj.add_metric([sc], q)
+            yield obj
         info = BY_NAME["soakd_build_info"].family(labels=())
         info.add_metric([], {"version": self.version})
         yield info

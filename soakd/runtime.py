@@ -94,7 +94,10 @@ class Runtime:
         baseline = (read_baseline(config.analysis.baseline, config.analysis.drift.min_requests)
                     if config.analysis.baseline is not None else None)
         self.scenarios = resolve_all(config)
-        self.metrics = SoakMetrics(tuple(self.scenarios), __version__)
+        slos = config.slos()
+        self.slos = {name: (slo.ttft, slo.itl, slo.e2e) for name, slo in slos.items()}
+        self.metrics = SoakMetrics(tuple(self.scenarios), __version__,
+                                   slo_objectives={name: slo.quantile for name, slo in slos.items()})
         self.session = RunSession(config, new_run=new_run, clock=clock)
         self.events = EventLog(self.session, clock)
         self.analyzer = Analyzer(config.analysis, on_event=self.events.emit, baseline=baseline,
@@ -229,7 +232,7 @@ class Runtime:
         # soakd's own health into its windows: every heartbeat of the loop, the cgroup's throttling
         self.heartbeat.on_beat = lambda _t, lag, cpu: windows.add_lag(clock.monotonic(), lag, cpu)
         windows.segment = self.session.segment
-        recorder = Recorder(self.metrics, windows, clock)
+        recorder = Recorder(self.metrics, windows, clock, slos=self.slos)
         recorder.on_target_change(self.status.target_changed)
         recorder.on_connection_dropped(self.status.connection_dropped)
         for listener in self.record_listeners:

@@ -181,6 +181,12 @@ def metric_value(
         ci = wilson_ci(requests - ok, requests, confidence) if requests else None
         return value, ci, requests
 
+    if spec.kind == "goodput":
+        g = src.goodput
+        if g is None or not g.requests:
+            return None, None, 0
+        return g.ratio, wilson_ci(g.met, g.requests, confidence), g.requests
+
     # energy per output token: a device-level quantity, not split per scenario
     if scenario is not None:
         return None, None, requests

@@ -26,6 +26,7 @@ from soakd.core.records import OUTCOMES, Outcome, RequestRecord
 from soakd.core.series import Series
 from soakd.core.summary import (
     ClientSummary,
+    Goodput,
     Quantiles,
     QuiesceProbe,
     ScenarioSummary,
@@ -205,7 +206,7 @@ def extra_variance(n: list[int], s1: list[float], s2: list[float]) -> tuple[floa
 
 class ScenarioStats:
     __slots__ = ("count", "outcomes", "e2e", "ttft", "itl", "prompt_tokens", "completion_tokens",
-                 "completion_tokens_sumsq", "streamed")
+                 "completion_tokens_sumsq", "streamed", "slo_requests", "slo_met")
 
     def __init__(self) -> None:
         self.count = 0
@@ -217,6 +218,8 @@ class ScenarioStats:
         self.completion_tokens = 0
         self.completion_tokens_sumsq = 0.0
         self.streamed = 0  # successful streamed requests: the independent units behind the ITL gaps
+        self.slo_requests = 0  # requests under an SLO (RequestRecord.slo_met set)
+        self.slo_met = 0
 
 
 def quantiles(sk: Any, confidence: float = 0.95, n_effective: int | None = None) -> Quantiles:
@@ -272,6 +275,9 @@ class OpenWindow:
         s = self.stats(rec.scenario)
         s.count += 1
         s.outcomes[rec.outcome.value] += 1
+        if rec.slo_met is not None:
+            s.slo_requests += 1
+            s.slo_met += rec.slo_met
         sub = self.sub
         j = min(sub.k - 1, max(0, rec.sub))
         t0 = rec.t_start_ns
@@ -320,7 +326,10 @@ class OpenWindow:
         outcomes = dict.fromkeys(OUTCOMES, 0)
         ctoks = ptoks = streamed = 0
         sumsq = 0.0
+        slo_n = slo_met = 0
         for name, s in sorted(self.scenarios.items()):
+            slo_n += s.slo_requests
+            slo_met += s.slo_met
             total += s.count
             ok += s.outcomes["ok"]
             for k, v in s.outcomes.items():
@@ -340,6 +349,7 @@ class OpenWindow:
                 output_tokens_per_second=s.completion_tokens / dur,
                 completion_tokens=s.completion_tokens,
                 completion_tokens_sumsq=s.completion_tokens_sumsq,
+                goodput=Goodput(requests=s.slo_requests, met=s.slo_met) if s.slo_requests else None,
             )
         sketches = self.scenarios.values()
         tel = self.telemetry
@@ -370,6 +380,7 @@ class OpenWindow:
             subwindows=self.sub.summary(self.sub_seconds),
             client=self.client.summary(wall, client_cfg),
             scenarios=per,
+            goodput=Goodput(requests=slo_n, met=slo_met) if slo_n else None,
             quiesce=self.quiesce,
             **({"device": tel.device(ctoks, dur), "server": tel.server(), "host": tel.host()}
                if tel is not None else {}),

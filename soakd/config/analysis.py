@@ -54,6 +54,13 @@ class DriftConfig(_Model):
         description="error_rate is compared in absolute terms: the difference of the two error ratios "
         "(0.01 = one percentage point) beyond which it has drifted.",
     )
+    goodput_threshold: float = Field(
+        0.02,
+        gt=0,
+        lt=1,
+        description="goodput_ratio (the share of requests meeting their SLOs) is compared in absolute "
+        "terms too: 0.02 = two percentage points.",
+    )
     per_metric: dict[str, float] = Field(
         default_factory=dict,
         description="Per-metric thresholds overriding threshold (and error_rate_threshold), e.g. "
@@ -82,7 +89,8 @@ class DriftConfig(_Model):
     metrics: list[str] = Field(
         default_factory=lambda: list(DEFAULT_METRICS),
         description="Tracked metrics: e2e/ttft/itl _p50/_p95/_p99, output_tokens_per_second, "
-        "requests_per_second, error_rate, energy_per_token.",
+        "requests_per_second, error_rate, energy_per_token, goodput_ratio (added by itself when a "
+        "scenario has an slo).",
     )
 
     @field_validator("metrics")
@@ -115,7 +123,9 @@ class DriftConfig(_Model):
     def threshold_for(self, metric: str) -> float:
         if metric in self.per_metric:
             return self.per_metric[metric]
-        return self.error_rate_threshold if metric == "error_rate" else self.threshold
+        if metric == "error_rate":
+            return self.error_rate_threshold
+        return self.goodput_threshold if metric == "goodput_ratio" else self.threshold
 
 
 class LeakConfig(_Model):

@@ -108,6 +108,28 @@ class SourceConfig(_Model):
         return self
 
 
+class SloConfig(_Model):
+    """Service-level objectives of one scenario. A request meets them when it succeeded and each
+    bound given holds: its time to first token, its mean inter-token gap (what ``vllm bench
+    serve`` calls TPOT; streamed requests only) and its end-to-end latency. A non-streamed
+    request's first token arrives with its body: its TTFT is its e2e."""
+
+    ttft: Duration | None = Field(None, gt=0, description="Time to first token, e.g. 500ms.")
+    itl: Duration | None = Field(None, gt=0, description="Mean gap between streamed tokens of a request, e.g. 50ms.")
+    e2e: Duration | None = Field(None, gt=0, description="End to end, e.g. 10s.")
+    quantile: float = Field(
+        0.95, gt=0, lt=1,
+        description="The share of requests that must meet every bound for the SLO to hold in a window "
+        "(0.95: the bounds are p95 targets). Goodput below it breaks the SLO (the sweep's knee).",
+    )
+
+    @model_validator(mode="after")
+    def _some_bound(self) -> SloConfig:
+        if self.ttft is None and self.itl is None and self.e2e is None:
+            raise ValueError("an slo needs at least one of ttft, itl, e2e (e.g. {ttft: 500ms})")
+        return self
+
+
 class ScenarioConfig(_Model):
     """One traffic class. Every field may be omitted for a built-in scenario (its defaults apply)."""
 
@@ -128,6 +150,10 @@ class ScenarioConfig(_Model):
         None, description="code_completion: check the output's structure (off by default; random weights fail it)."
     )
     source: SourceConfig | None = None
+    slo: SloConfig | None = Field(
+        None, description="Service-level objectives: {ttft: 500ms, itl: 50ms, e2e: 10s, quantile: 0.95}; "
+        "per window the share of requests meeting all of them is the goodput (tracked as goodput_ratio).",
+    )
     like: Literal["short_chat", "long_context", "batch_burst", "multi_turn", "code_completion"] | None = Field(
         None, description="For a custom scenario: the built-in one whose defaults it starts from."
     )
@@ -342,7 +368,16 @@ class SoakConfig(_Model):
             problems.append("target: set api_key_env or api_key_file, not both")
         if problems:
             raise ValueError("\n".join(problems))
+        drift = self.analysis.drift
+        if self.slos() and "goodput_ratio" not in drift.metrics and "metrics" not in drift.model_fields_set:
+            drift.metrics = [*drift.metrics, "goodput_ratio"]  # an SLO is tracked like any metric
+            drift.model_fields_set.discard("metrics")
         return self
+
+    def slos(self) -> dict[str, SloConfig]:
+        """The SLOs of the scenarios in the mix, by scenario."""
+        return {name: sc.slo for name, sc in self.scenarios.items()
+                if sc.slo is not None and self.load.mix.get(name, 0) > 0}
 
     # ---- secrets -----------------------------------------------------------------------
     def api_key(self) -> str | None:

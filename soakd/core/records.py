@@ -52,6 +52,7 @@ class RequestRecord:
         "wall_start",
         "sub",
         "t_sent",
+        "slo_met",
     )
 
     def __init__(self, scenario: str, endpoint: str = "chat", stream: bool = True) -> None:
@@ -79,6 +80,7 @@ class RequestRecord:
         self.wall_start = 0.0
         self.sub = 0  # the sub-window of its window it was sent in (set by the window set)
         self.t_sent: float | None = None  # the window set's clock when it was sent
+        self.slo_met: bool | None = None  # met every SLO of its scenario (None: the scenario has none)
 
     @property
     def ok(self) -> bool:
@@ -97,6 +99,25 @@ class RequestRecord:
     def gaps_seconds(self) -> list[float]:
         t = self.token_times_ns
         return [(t[i] - t[i - 1]) / 1e9 for i in range(1, len(t))]
+
+    def meets(self, ttft: float | None, itl: float | None, e2e: float | None) -> bool:
+        """Whether this request met the bounds given (seconds; None: no bound): it succeeded, its
+        time to first token (a non-streamed body's e2e), its mean inter-token gap (streamed
+        requests with two tokens or more) and its e2e are within them."""
+        if self.outcome is not Outcome.OK:
+            return False
+        total = self.e2e_seconds
+        if e2e is not None and total > e2e:
+            return False
+        times = self.token_times_ns
+        if ttft is not None:
+            first = (times[0] - self.t_start_ns) / 1e9 if self.stream and times else total
+            if first > ttft:
+                return False
+        if itl is not None and self.stream and len(times) > 1:
+            if (times[-1] - times[0]) / 1e9 / (len(times) - 1) > itl:
+                return False
+        return True
 
     def fail(self, outcome: Outcome, reason: str, error: str = "") -> None:
         self.outcome = outcome

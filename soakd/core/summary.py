@@ -24,6 +24,7 @@ __all__ = [
     "CI",
     "ClientSummary",
     "DeviceSummary",
+    "Goodput",
     "HostMemoryStat",
     "HostSummary",
     "MeanMax",
@@ -179,7 +180,32 @@ class ClientSummary(_Part):
     impaired_reason: str | None = None
 
 
-class ScenarioSummary(_Part):
+class Goodput(_Part):
+    """Requests of the window under an SLO (their scenario has one) and those that met it."""
+
+    requests: int = 0
+    met: int = 0
+
+    @property
+    def ratio(self) -> float | None:
+        return self.met / self.requests if self.requests else None
+
+
+class _WithGoodput(_Part):
+    """A summary whose ``goodput`` is dumped only where there is one (a run without SLOs keeps
+    its documents as they were)."""
+
+    goodput: Goodput | None = None
+
+    @model_serializer(mode="wrap")
+    def _drop_no_goodput(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        if out.get("goodput", 0) is None:
+            del out["goodput"]
+        return out
+
+
+class ScenarioSummary(_WithGoodput):
     requests: int = 0
     outcomes: dict[str, int] = Field(default_factory=dict)
     error_rate: float | None = None
@@ -192,7 +218,7 @@ class ScenarioSummary(_Part):
     completion_tokens_sumsq: float | None = None  # None: a document that lacks it (rate CIs assume mean counts)
 
 
-class WindowSummary(_Part):
+class WindowSummary(_WithGoodput):
     """One closed window: requests (overall and per scenario) and the telemetry sampled in it.
 
     ``duration_seconds`` is the load time (wall time minus quiesce probes), the denominator of

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Kind = Literal["quantile", "requests_rate", "tokens_rate", "error_rate", "energy"]
+Kind = Literal["quantile", "requests_rate", "tokens_rate", "error_rate", "goodput", "energy"]
 
 
 @dataclass(frozen=True)
@@ -25,8 +25,8 @@ class TrackedMetric:
 
     @property
     def absolute(self) -> bool:
-        """error_rate changes are differences of ratios, not relative changes."""
-        return self.kind == "error_rate"
+        """error_rate and goodput_ratio changes are differences of ratios, not relative changes."""
+        return self.kind in ("error_rate", "goodput")
 
 
 def _quantiles() -> dict[str, TrackedMetric]:
@@ -45,8 +45,12 @@ METRICS: dict[str, TrackedMetric] = {
     "requests_per_second": TrackedMetric("requests_per_second", "requests_rate", False, unit="requests/s",
                                          label="requests/s"),
     "error_rate": TrackedMetric("error_rate", "error_rate", True, unit="ratio", label="error rate"),
+    "goodput_ratio": TrackedMetric("goodput_ratio", "goodput", False, unit="ratio", label="goodput"),
     "energy_per_token": TrackedMetric("energy_per_token", "energy", True, unit="J/token", label="J/token"),
 }
+"""``goodput_ratio``: the share of a window's requests that met every SLO of their scenario
+(``scenarios.<name>.slo``). Tracked only where a scenario has an SLO: the configuration adds it
+to ``analysis.drift.metrics`` then (unless that list is given explicitly)."""
 
 DEFAULT_METRICS: tuple[str, ...] = (
     "e2e_p50",

@@ -24,7 +24,7 @@ from soakd.analysis.drift import baseline_from_report, choose_baseline
 from soakd.analysis.stats import as_float
 from soakd.config.analysis import DriftConfig
 from soakd.core.summary import WindowSummary
-from soakd.report.series import WINDOW_METRICS, telemetry, window_series
+from soakd.report.series import telemetry, window_metrics, window_series
 from soakd.store import SegmentRow, StoreReader, segment_gaps
 
 __all__ = ["FINDING_GROUPS", "REPORT_SCHEMA", "ReportError", "build_report"]
@@ -277,6 +277,7 @@ def _window_row(w: WindowSummary, baseline_idx: int | None, notes: Iterable[str]
         "kv_cache_usage_ratio": kv,
         "joules_per_token": dev.energy_per_output_token_joules,
         "notes": flags,
+        **({"goodput_ratio": w.goodput.ratio} if w.goodput is not None else {}),
     }  # fmt: skip
 
 
@@ -371,7 +372,7 @@ def build_report(reader: StoreReader, run_id: str | None = None, *, generated_un
         "verdict": _verdict_section(run),
         "baseline_window": base_info["window"],
         "baseline_info": base_info,
-        "thresholds": {m: drift_cfg.threshold_for(m) for m in WINDOW_METRICS},
+        "thresholds": {m: drift_cfg.threshold_for(m) for m in window_metrics(windows)},
         "min_requests": drift_cfg.min_requests,
         "table": rows,
         "findings": findings,

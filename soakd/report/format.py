@@ -61,8 +61,9 @@ def load_text(load: dict[str, Any]) -> str:
     return f"{head}; mix {mix_s}"
 
 
-def table_columns() -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
-    return [
+def table_columns(rows: Sequence[dict[str, Any]] = ()) -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
+    """The per-window table's columns (a goodput column where a window had requests under an SLO)."""
+    cols = [
         ("window", lambda r: f"{r['window']}{'*' if r['partial'] else ''}"),
         ("start (UTC)", lambda r: (r["start"] or "-")[5:16].replace("T", " ")),
         ("requests", lambda r: str(r["requests"])),
@@ -72,6 +73,7 @@ def table_columns() -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
         ("TTFT p50 / p95 ms", lambda r: f"{_ms(r['ttft_p50'])} / {_ms(r['ttft_p95'])}"),
         ("ITL p50 / p95 ms", lambda r: f"{_ms(r['itl_p50'])} / {_ms(r['itl_p95'])}"),
         ("errors", _errors),
+        ("goodput", lambda r: fmt_pct(r.get("goodput_ratio"))),
         ("power W", lambda r: fmt_num(r["power_watts"], ".0f")),
         ("temp °C", lambda r: fmt_num(r["temperature_celsius"], ".0f")),
         ("SM MHz", lambda r: fmt_num(r["sm_clock_mhz"], ".0f")),
@@ -80,6 +82,9 @@ def table_columns() -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
         ("J/token", lambda r: fmt_num(r["joules_per_token"], ".3f")),
         ("notes", lambda r: ", ".join(r["notes"])),
     ]
+    if not any(r.get("goodput_ratio") is not None for r in rows):
+        cols = [c for c in cols if c[0] != "goodput"]
+    return cols
 
 
 def stability_rows(report: dict[str, Any]) -> list[list[str]]:
@@ -112,7 +117,7 @@ STABILITY_HEAD = ["metric", "baseline", "min", "median", "max", "spread", "limit
 def _metric_formatter(metric: str) -> Callable[[float | None], str]:
     if metric.endswith(("_p50", "_p95", "_p99")):
         return lambda v: "-" if v is None else f"{_ms(v)} ms"
-    if metric == "error_rate":
+    if metric in ("error_rate", "goodput_ratio"):
         return lambda v: fmt_pct(v, ".2f")
     if metric == "energy_per_token":
         return lambda v: fmt_num(v, ".4f")

@@ -124,7 +124,7 @@ def render_html(report: dict[str, Any]) -> str:
 
     # per-window table
     P.append("<h2>Windows</h2>")
-    cols = table_columns()
+    cols = table_columns(report["table"])
     if report["table"]:
         classes = []
         for r in report["table"]:

@@ -95,10 +95,10 @@ def render_markdown(report: dict[str, Any]) -> str:
     L.append("")
 
     L += ["## Windows", ""]
-    cols = table_columns()
+    cols = table_columns(report["table"])
     if report["table"]:
         L += _md_table([c[0] for c in cols], [[f(r) for _, f in cols] for r in report["table"]],
-                       ["--:"] * 15 + ["---"])
+                       ["--:"] * (len(cols) - 1) + ["---"])
         if any(r["partial"] for r in report["table"]):
             L += ["", "\\* partial window"]
     else:

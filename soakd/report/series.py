@@ -62,13 +62,21 @@ WINDOW_METRICS: dict[str, str] = {m: METRICS[m].label for m in (
     "output_tokens_per_second", "error_rate", "energy_per_token")}
 
 
+def window_metrics(windows: list[WindowSummary]) -> dict[str, str]:
+    """The metrics the report charts and tabulates for these windows: ``WINDOW_METRICS``, and
+    goodput where a window had requests under an SLO."""
+    if any(w.goodput is not None for w in windows):
+        return {**WINDOW_METRICS, "goodput_ratio": METRICS["goodput_ratio"].label}
+    return WINDOW_METRICS
+
+
 def window_series(windows: list[WindowSummary], used_baseline: WindowSummary | None,
                    drift_cfg: DriftConfig, run_start: float) -> dict[str, Any]:
     xs = [w.window for w in windows]
     out: dict[str, Any] = {"window": xs, "partial": [w.partial for w in windows],
                            "elapsed_seconds": [((w.start_unix or run_start) - run_start) for w in windows],
                            "metrics": {}, "baseline": {}, "threshold": {}, "relative": {}}
-    for metric in WINDOW_METRICS:
+    for metric in window_metrics(windows):
         vals = []
         for w in windows:
             v, _ci, fmt_num = metric_value(w, metric, confidence=drift_cfg.confidence)
@@ -77,7 +85,7 @@ def window_series(windows: list[WindowSummary], used_baseline: WindowSummary | N
         base = _f(metric_value(used_baseline, metric)[0]) if used_baseline is not None else None
         out["baseline"][metric] = base
         out["threshold"][metric] = drift_cfg.threshold_for(metric)
-        if metric != "error_rate":
+        if not METRICS[metric].absolute:
             out["relative"][metric] = [(v / base - 1.0) if v is not None and base else None for v in vals]
     return out
 

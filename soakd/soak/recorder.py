@@ -40,8 +40,10 @@ def bounded_reason(rec: RequestRecord) -> str:
 
 
 class Recorder:
-    def __init__(self, metrics: SoakMetrics, windows: WindowSet, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, metrics: SoakMetrics, windows: WindowSet, clock: Clock = SYSTEM_CLOCK,
+                 slos: dict[str, tuple[float | None, float | None, float | None]] | None = None) -> None:
         self.metrics = metrics
+        self.slos = slos or {}  # scenario -> (ttft, itl, e2e) bounds in seconds
         self.windows = windows
         self.clock = clock
         self.in_flight = 0
@@ -114,6 +116,11 @@ class Recorder:
             self.measured += 1
             sc = rec.scenario
             m.requests.inc((sc, ov))
+            slo = self.slos.get(sc)
+            if slo is not None:
+                rec.slo_met = rec.meets(*slo)
+                if rec.slo_met:
+                    m.goodput.inc((sc,))
             if outcome is Outcome.OK:
                 gaps = self._observe(rec, sc)
             else:

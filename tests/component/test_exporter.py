@@ -253,8 +253,11 @@ def test_recorder_feeds_the_exported_values() -> None:
 
 
 def test_every_catalogued_core_metric_is_exported() -> None:
-    """Each load/run metric of the catalogue (the README's table) is in a fresh exposition."""
-    exp = Exposition(generate_latest(SoakMetrics(SCENARIOS).registry()).decode())
+    """Each load/run metric of the catalogue (the README's table) is in a fresh exposition (of a
+    run with an SLO: without one, the goodput families are not exported)."""
+    exp = Exposition(generate_latest(SoakMetrics(SCENARIOS, slo_objectives={"short_chat": 0.95}).registry()).decode())
+    bare = Exposition(generate_latest(SoakMetrics(SCENARIOS).registry()).decode())
+    assert "soakd_goodput_requests" not in bare.families and "soakd_slo_objective_ratio" not in bare.families
     core = [m for m in CATALOGUE if m.group in ("load", "run")] + [BY_NAME["soakd_build_info"]]
     for spec in core:
         fam = exp.family_of(spec.name)
@@ -296,7 +299,7 @@ async def test_every_catalogue_metric_appears_in_a_live_scrape(tmp_path: Path) -
             "target": {"url": sim.base_url},
             "run": {"duration": 4.0, "window": 1.0, "warmup": 0.5, "grace": 2.0, "state_dir": str(tmp_path)},
             "load": {"concurrency": 4, "mix": {"short_chat": 1}},
-            "scenarios": {"short_chat": {"max_tokens": 8}},
+            "scenarios": {"short_chat": {"max_tokens": 8, "slo": {"e2e": "30s"}}},
             "samplers": {"interval": 0.2, "nvml": {"mode": "on"}, "host": {"target_pid": os.getpid()}},
             "analysis": {"quiesce": {"settle": 0.05}, "canary": {"max_tokens": 4},
                          "drift": {"baseline_windows": 1},  # drift ratios from the second window on

@@ -159,7 +159,9 @@ async def test_every_dashboard_and_rule_expression_returns_data(tmp_path: Path) 
             # data: the flag is 0), so that the baseline pool completes and the drift panels fill
             env=soakd_env(SOAKD_ANALYSIS__QUIESCE__SETTLE="0.2s", SOAKD_SIM__FAULTS__ERROR_RATE_500="0.01",
                           SOAKD_ANALYSIS__CLIENT__MAX_STALL_SHARE="1", SOAKD_ANALYSIS__CLIENT__MAX_LAG="1h",
-                          SOAKD_ANALYSIS__CLIENT__MAX_THROTTLED_SHARE="1"),
+                          SOAKD_ANALYSIS__CLIENT__MAX_THROTTLED_SHARE="1",
+                          # an SLO (goodput panel, SLO alert); generous, so that the demo meets it
+                          SOAKD_SCENARIOS__SHORT_CHAT__SLO__E2E="60s"),
             cwd=tmp_path,
         )  # fmt: skip
         await soakd.json_event("soakd_started", timeout=30)
