@@ -1,4 +1,4 @@
-"""Command line: ``soakd run | sim | demo | check | report | metrics``.
+"""Command line: ``soakd run | sweep | sim | demo | check | report | metrics``.
 
 Exit codes: 0 success, 1 failure, 2 usage or configuration error.
 """
@@ -155,6 +155,70 @@ def cmd_run(args: argparse.Namespace, record_listeners: tuple[Any, ...] = ()) ->
     if outcome is not None and logging_setup.use_console(cfg.log.format):
         _print_summary(cfg, outcome)
     return code
+
+
+# ---- sweep -------------------------------------------------------------------------------------
+
+
+def _write_sweep(doc: dict[str, Any], args: argparse.Namespace) -> None:
+    from soakd.sweep import render
+
+    for path, text in ((args.json, lambda: json.dumps(doc, indent=2) + "\n"),
+                       (args.markdown, lambda: render.markdown(doc)), (args.html, lambda: render.html_page(doc))):
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text(), encoding="utf-8")
+    sys.stdout.write(render.terminal(doc))
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """``soakd sweep``: the load levels of ``sweep:`` (or --levels) one step each until the knee;
+    the table on stdout, --json/--markdown/--html files; ``--show`` renders a stored sweep."""
+    from soakd import logging_setup
+    from soakd.store import StoreError
+
+    if args.show is not None:
+        from soakd.sweep.runner import read_sweep
+
+        state_dir = args.state_dir or Path(os.environ.get("SOAKD_RUN__STATE_DIR", "./soakd-state"))
+        try:
+            doc = read_sweep(state_dir, args.show or None)
+        except StoreError as exc:
+            sys.stderr.write(f"soakd sweep: {exc}\n")
+            return EXIT_CONFIG
+        _write_sweep(doc, args)
+        return EXIT_OK
+    try:
+        cfg = _load(args, args.config)
+        if args.print_config:
+            _print_config(cfg)
+            return EXIT_OK
+        cfg.api_key()
+    except ConfigError as exc:
+        return _config_error(exc)
+    logging_setup.configure(cfg.log.format, cfg.log.level)
+
+    async def sweep() -> Any:
+        from soakd.sweep.runner import SweepRunner
+
+        runner = SweepRunner(cfg)
+        _install_signals(runner)
+        try:
+            return await runner.run()
+        except OSError as exc:
+            raise StoreError(f"cannot listen on {cfg.metrics.host}:{cfg.metrics.port} for /metrics: "
+                             f"{exc.strerror or exc}; choose another --metrics-port (0 picks a free one)") from None
+
+    try:
+        outcome = _run_async(sweep())
+    except StoreError as exc:
+        sys.stderr.write(f"soakd sweep: {exc}\n")
+        return EXIT_FAIL
+    if outcome.document is None:
+        sys.stderr.write(f"soakd sweep: {cfg.target.url} never answered GET /models; no sweep was recorded\n")
+        return EXIT_FAIL
+    _write_sweep(outcome.document, args)
+    return EXIT_OK if outcome.document.get("knee") is not None else EXIT_FAIL
 
 
 # ---- demo --------------------------------------------------------------------------------------
@@ -378,6 +442,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="inject a thermal-throttling episode a third of the way in and a power cap two thirds in "
                         "(default: a clean run; SOAKD_SIM__FAULTS__* schedule them yourself)")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("sweep", help="raise the load step by step until the knee",
+                       description="Concurrency (closed loop, --concurrency) or rate (open loop, --rate) in steps, "
+                       "the soak's mix and prompts, each step long enough for p50/p95 with their intervals, until "
+                       "throughput stops rising beyond its uncertainty, an SLO breaks or errors exceed the budget. "
+                       "soakd run --load-from FILE.json soaks at a fraction of the knee.")
+    p.add_argument("-c", "--config", type=Path, default=os.environ.get("SOAKD_CONFIG"),
+                   help="YAML configuration file (its sweep: section and the soak's target, load, scenarios)")
+    flags.add_arguments(p, target=True, sweep=True)
+    p.add_argument("--json", type=Path, metavar="FILE", help="write the sweep as JSON (what --load-from reads)")
+    p.add_argument("--markdown", type=Path, metavar="FILE", help="write the table as Markdown")
+    p.add_argument("--html", type=Path, metavar="FILE", help="write the table and charts as HTML")
+    p.add_argument("--show", nargs="?", const="", metavar="ID",
+                   help="render a stored sweep (the newest, or ID) from --state-dir instead of running one")
+    p.add_argument("--print-config", action="store_true", help="print the effective configuration and exit")
+    p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("check", help="OpenAI compatibility probe of a target")
     p.add_argument("-c", "--config", type=Path, default=os.environ.get("SOAKD_CONFIG"),

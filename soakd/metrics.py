@@ -191,6 +191,19 @@ CATALOGUE: tuple[MetricSpec, ...] = (
                ("kind", "severity"), group="analysis"),
     MetricSpec("soakd_verdict_pass", "gauge",
                "1 while no finding fails the run (analysis.verdict.fail_on), 0 once one does.", group="analysis"),
+    # ---- sweep (soakd sweep: load steps to the knee)
+    MetricSpec("soakd_sweep_step", "gauge", "Index of the sweep's current step (0 = the first level).", group="sweep"),
+    MetricSpec("soakd_sweep_level", "gauge",
+               "The current step's load level, by mode (concurrency: requests in flight; rate: requests per second).",
+               ("mode",), group="sweep"),
+    MetricSpec("soakd_sweep_step_requests_per_second", "gauge",
+               "Successful requests per second of each finished step, by level.", ("level",), group="sweep"),
+    MetricSpec("soakd_sweep_step_latency_seconds", "gauge",
+               "Latency quantiles of each finished step, by level and metric (e2e_p50, e2e_p95, ttft_p50, ttft_p95, "
+               "itl_p50, itl_p95).", ("level", "metric"), group="sweep"),
+    MetricSpec("soakd_sweep_knee_level", "gauge",
+               "The knee's load level once the sweep found it, by mode (concurrency or rate).", ("mode",),
+               group="sweep"),
     # ---- samplers (self)
     MetricSpec("soakd_sampler_up", "gauge", "1 when the sampler's last run succeeded, else 0.", ("sampler",),
                group="self"),

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from soakd.config.model import ConfigError, SoakConfig
 from soakd.core.durations import parse_duration
 
-Kind = Literal["value", "int", "float", "duration", "path", "mix", "false", "bool"]
+Kind = Literal["value", "int", "float", "duration", "path", "mix", "false", "bool", "levels"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,7 @@ class Flag:
     target: bool = False  # a flag about the target (not offered by ``soakd demo``, which has its own)
     clears: str | None = None  # a field this flag sets to null (closed vs open loop)
     negative: str | None = None  # kind "bool": the flag that sets the field false
+    sweep: bool = False  # a flag of ``soakd sweep`` only
 
 
 FLAGS: tuple[Flag, ...] = (
@@ -67,6 +68,18 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--progress", "log.progress", "live progress line (--no-progress: none)", "bool", negative="--no-progress"),
     Flag("--baseline", "analysis.baseline",
          "an earlier run's JSON report whose baseline window this run is compared with", "path"),
+    Flag("--load-from", "load.from_sweep",
+         "take the load from a sweep's JSON (soakd sweep --json): a fraction of its knee", "path"),
+    Flag("--load-fraction", "load.sweep_fraction", "with --load-from: the share of the knee (default 0.8)", "float"),
+    Flag("--levels", "sweep.levels",
+         "sweep levels: a list (1,2,4,8) or a geometric range start:stop (1:64, times --factor)", "levels",
+         sweep=True),
+    Flag("--factor", "sweep.factor", "geometric step of a start:stop range (default 2)", "float", sweep=True),
+    Flag("--step", "sweep.step", "measured time per step (default 60s)", "duration", sweep=True),
+    Flag("--step-warmup", "sweep.warmup", "load at each new level before measuring (default 10s)", "duration",
+         sweep=True),
+    Flag("--min-gain", "sweep.min_gain", "throughput gain per step below which the knee is reached (default 0.05)",
+         "float", sweep=True),
 )
 
 BY_FLAG: dict[str, Flag] = {f.flag: f for f in FLAGS}
@@ -96,11 +109,12 @@ def _choices(path: str) -> list[str] | None:
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, flags: tuple[str, ...] | None = None,
-                  target: bool = True) -> None:
-    """Declare the table's flags (``flags``: only these; ``target=False``: none about the target)."""
+                  target: bool = True, sweep: bool = False) -> None:
+    """Declare the table's flags (``flags``: only these; ``target=False``: none about the target;
+    ``sweep``: also those of ``soakd sweep``)."""
     exclusive: dict[frozenset[str], Any] = {}
     for f in FLAGS:
-        if (flags is not None and f.flag not in flags) or (f.target and not target):
+        if (flags is not None and f.flag not in flags) or (f.target and not target) or (f.sweep and not sweep):
             continue
         where: Any = parser
         if f.clears is not None:
@@ -138,6 +152,18 @@ def parse_mix(text: str) -> dict[str, float]:
     return mix
 
 
+def parse_levels(text: str) -> Any:
+    """``--levels``: ``1,2,4,8`` (a list) or ``1:64`` (sweep.start and sweep.stop; see _put_levels)."""
+    text = text.strip()
+    try:
+        if ":" in text:
+            a, b = text.split(":", 1)
+            return {"start": float(a), "stop": float(b)}
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError([f"--levels: expected a list like 1,2,4,8 or a range like 1:64, got {text!r}"]) from None
+
+
 def _value(f: Flag, raw: Any) -> Any:
     if f.kind == "duration":
         try:
@@ -146,6 +172,8 @@ def _value(f: Flag, raw: Any) -> Any:
             raise ConfigError([f"{f.flag}: {exc}"]) from None
     if f.kind == "mix":
         return parse_mix(raw)
+    if f.kind == "levels":
+        return parse_levels(raw)
     if f.kind == "path":
         return str(raw)
     if f.kind == "false":
@@ -168,7 +196,13 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
         raw = getattr(args, _dest(f.flag), None)
         if raw is None:
             continue
-        _put(out, f.path, _value(f, raw))
+        value = _value(f, raw)
+        if f.kind == "levels" and isinstance(value, dict):  # a range: start and stop, no list
+            _put(out, "sweep.start", value["start"])
+            _put(out, "sweep.stop", value["stop"])
+            _put(out, "sweep.levels", None)
+        else:
+            _put(out, f.path, value)
         if f.clears is not None:
             _put(out, f.clears, None)
     return out

@@ -7,6 +7,8 @@ to read them from (``api_key_env`` / ``api_key_file``).
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -195,6 +197,36 @@ class LoadConfig(_Model):
         },
         description="Scenario name -> weight (proportion of requests).",
     )
+    from_sweep: Path | None = Field(
+        None, description="Take the load from a sweep (soakd sweep --json FILE): sweep_fraction of the knee's "
+        "concurrency (closed loop) or rate (open loop). Replaces concurrency and rate.",
+    )
+    sweep_fraction: float = Field(0.8, gt=0, le=1, description="With from_sweep: the share of the knee to soak at.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_sweep(cls, data: Any) -> Any:
+        """``from_sweep``: the knee of the sweep, read now (a file that cannot say is an error here)."""
+        if not isinstance(data, dict) or not data.get("from_sweep"):
+            return data
+        path = Path(data["from_sweep"])
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"from_sweep: cannot read a sweep from {path}: {exc}") from None
+        knee = doc.get("knee") if isinstance(doc, dict) else None
+        mode = doc.get("mode") if isinstance(doc, dict) else None
+        if not isinstance(knee, dict) or not isinstance(knee.get("level"), int | float) or mode not in (
+                "concurrency", "rate"):
+            raise ValueError(f"from_sweep: {path} holds no knee (expected the JSON of soakd sweep --json, with "
+                             "'mode' and 'knee': {{'level': ...}})")
+        fraction = float(data.get("sweep_fraction", 0.8))
+        out = dict(data)
+        if mode == "concurrency":
+            out["concurrency"], out["rate"] = max(1, math.floor(knee["level"] * fraction)), None
+        else:
+            out["rate"], out["concurrency"] = round(knee["level"] * fraction, 6), None
+        return out
 
     @model_validator(mode="after")
     def _one_mode(self) -> "LoadConfig":
@@ -323,6 +355,34 @@ class RunPolicies:
     canary_first_after: float  # first canary on its own schedule: warm-up plus half min(interval, window)
 
 
+class SweepConfig(_Model):
+    """``soakd sweep``: raise the load step by step until the knee (the validation method's step 6).
+    Closed loop (load.concurrency) sweeps concurrency, open loop (load.rate) the rate."""
+
+    levels: list[float] | None = Field(
+        None, description="The load levels in order (concurrencies or req/s); null = start, start*factor, ... stop."
+    )
+    start: float = Field(1.0, gt=0, description="First level (without levels).")
+    stop: float = Field(256.0, gt=0, description="Last level at most (without levels).")
+    factor: float = Field(2.0, gt=1, le=16, description="Geometric step between levels (without levels).")
+    step: Duration = Field(60.0, gt=0, description="Measured time per step (after its warm-up).")
+    max_step: Duration | None = Field(
+        None, gt=0, description="A step runs on past step until it has min_requests, up to this long (default 3x step).")
+    warmup: Duration = Field(10.0, ge=0, description="Per step: load at the new level before measuring.")
+    min_requests: int = Field(
+        200, ge=20, description="Requests a step needs for its p50/p95 with their intervals (p95 needs 110 at 95%).")
+    min_gain: float = Field(
+        0.05, ge=0, lt=1, description="Throughput must rise by more than this (and beyond its uncertainty) from the "
+        "best step so far, or the knee is reached.")
+    queue_rise: float = Field(
+        0.2, gt=0, description="Open loop: e2e latency rising by more than this within a step (a significant "
+        "trend) means a growing queue: past the knee.")
+    error_budget: float | None = Field(
+        None, ge=0, lt=1, description="A step with more failed requests than this share is past the knee "
+        "(default analysis.verdict.error_budget).")
+    confidence: float = Field(0.95, gt=0.5, lt=1, description="Of the throughput and latency intervals.")
+
+
 class SoakConfig(_Model):
     target: TargetConfig = Field(default_factory=TargetConfig)
     run: RunConfig = Field(default_factory=RunConfig)
@@ -335,6 +395,7 @@ class SoakConfig(_Model):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     sim: SimConfig = Field(default_factory=SimConfig, description="The embedded simulator (soakd sim / soakd demo).")
+    sweep: SweepConfig = Field(default_factory=SweepConfig, description="soakd sweep: the load steps to the knee.")
 
     @field_validator("scenarios")
     @classmethod
@@ -366,6 +427,7 @@ class SoakConfig(_Model):
             problems.append(f"run.window: must be at least 1s (got {self.run.window:g}s)")
         if self.target.api_key_env and self.target.api_key_file:
             problems.append("target: set api_key_env or api_key_file, not both")
+        problems += self._sweep_problems()
         if problems:
             raise ValueError("\n".join(problems))
         drift = self.analysis.drift
@@ -373,6 +435,38 @@ class SoakConfig(_Model):
             drift.metrics = [*drift.metrics, "goodput_ratio"]  # an SLO is tracked like any metric
             drift.model_fields_set.discard("metrics")
         return self
+
+    def _sweep_problems(self) -> list[str]:
+        sw = self.sweep
+        out = []
+        if sw.levels is not None:
+            if not sw.levels:
+                out.append("sweep.levels: empty; give at least one level, e.g. [1, 2, 4, 8]")
+            elif any(v <= 0 for v in sw.levels):
+                out.append(f"sweep.levels: every level must be > 0, got {sw.levels}")
+            elif any(b <= a for a, b in zip(sw.levels, sw.levels[1:])):
+                out.append(f"sweep.levels: must rise strictly, got {sw.levels}")
+            elif self.load.closed_loop and any(v != int(v) for v in sw.levels):
+                out.append(f"sweep.levels: closed-loop levels are concurrencies (whole numbers), got {sw.levels}")
+        elif sw.stop < sw.start:
+            out.append(f"sweep.stop: {sw.stop:g} is below sweep.start {sw.start:g}: the sweep has no step")
+        if sw.max_step is not None and sw.max_step < sw.step:
+            out.append(f"sweep.max_step: {sw.max_step:g}s is shorter than sweep.step {sw.step:g}s")
+        return out
+
+    def sweep_levels(self) -> list[float]:
+        """The sweep's load levels: concurrencies (closed loop, whole numbers) or req/s (open loop)."""
+        sw = self.sweep
+        if sw.levels is not None:
+            return [int(v) if self.load.closed_loop else float(v) for v in sw.levels]
+        out: list[float] = []
+        v = sw.start
+        while v <= sw.stop * (1 + 1e-9):
+            level: float = max(1, round(v)) if self.load.closed_loop else round(v, 6)
+            if not out or level > out[-1]:
+                out.append(level)
+            v *= sw.factor
+        return out
 
     def slos(self) -> dict[str, SloConfig]:
         """The SLOs of the scenarios in the mix, by scenario."""

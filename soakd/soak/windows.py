@@ -23,8 +23,10 @@ from soakd.core.timeline import SYSTEM_CLOCK, Clock, Timeline
 
 class WindowSet:
     def __init__(self, timeline: Timeline, *, confidence: float = 0.95, patience: float = 120.0,
-                 clock: Clock = SYSTEM_CLOCK, client: ClientConfig | None = None) -> None:
+                 clock: Clock = SYSTEM_CLOCK, client: ClientConfig | None = None,
+                 sub_length: float | None = None) -> None:
         self.timeline = timeline
+        self.sub_length = sub_length  # the sub-windows' length (default: a minute, or a tenth of a short window)
         self.client_cfg = client
         self.confidence = confidence
         self.patience = patience
@@ -41,7 +43,8 @@ class WindowSet:
         if w is None:
             tl = self.timeline
             s, e = (tl.start, tl.first_window_start) if index < 0 else tl.window_bounds(index)
-            w = self.open[index] = OpenWindow(index, s, e, self.clock.wall() - (self.clock.monotonic() - s))
+            w = self.open[index] = OpenWindow(index, s, e, self.clock.wall() - (self.clock.monotonic() - s),
+                                              sub_length=self.sub_length)
         return w
 
     def current(self, now: float) -> OpenWindow | None:

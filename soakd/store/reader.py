@@ -95,8 +95,9 @@ class StoreReader:
     def close(self) -> None:
         self.conn.close()
 
-    def list_runs(self) -> list[RunRow]:
-        return rows.q_list_runs(self.conn)
+    def list_runs(self, kind: str | None = "soak") -> list[RunRow]:
+        """Newest first; soaks by default (``kind`` sweep, or None for all)."""
+        return rows.q_list_runs(self.conn, kind)
 
     def get_run(self, run_id: str) -> RunRow | None:
         return rows.q_get_run(self.conn, run_id)

@@ -38,6 +38,7 @@ class RunRow:
     segments: int
     windows: int
     last_window: int | None  # the highest window index stored (resume continues after it)
+    kind: str = "soak"  # soak, or sweep (soakd sweep: a window per step)
 
     @property
     def config(self) -> Any:
@@ -135,13 +136,14 @@ _RUN_SELECT = """
            r.status, r.ended_unix, r.stop_reason, r.baseline_window, r.verdict_json,
            (SELECT COUNT(*) FROM segments AS s WHERE s.run_id = r.id),
            (SELECT COUNT(*) FROM windows AS w WHERE w.run_id = r.id),
-           (SELECT MAX(idx) FROM windows AS w WHERE w.run_id = r.id)
+           (SELECT MAX(idx) FROM windows AS w WHERE w.run_id = r.id),
+           r.kind
     FROM runs AS r
 """
 
 
 def _run_row(row: Sequence[Any]) -> RunRow:
-    return RunRow(*row[:12], from_json(row[12]), *row[13:16])  # type: ignore[arg-type]
+    return RunRow(*row[:12], from_json(row[12]), *row[13:17])  # type: ignore[arg-type]
 
 
 def q_get_run(conn: sqlite3.Connection, run_id: str) -> RunRow | None:
@@ -149,13 +151,17 @@ def q_get_run(conn: sqlite3.Connection, run_id: str) -> RunRow | None:
     return _run_row(row) if row else None
 
 
-def q_list_runs(conn: sqlite3.Connection) -> list[RunRow]:
-    return [_run_row(r) for r in conn.execute(_RUN_SELECT + " ORDER BY r.created_unix DESC, r.rowid DESC")]
+def q_list_runs(conn: sqlite3.Connection, kind: str | None = "soak") -> list[RunRow]:
+    """Newest first; of one kind (soak by default; None: all)."""
+    where, args = (" WHERE r.kind = ?", (kind,)) if kind is not None else ("", ())
+    return [_run_row(r) for r in conn.execute(_RUN_SELECT + where + " ORDER BY r.created_unix DESC, r.rowid DESC",
+                                              args)]
 
 
 def q_latest_unfinished(conn: sqlite3.Connection) -> RunRow | None:
     row = conn.execute(
-        _RUN_SELECT + " WHERE r.status = 'running' ORDER BY r.created_unix DESC, r.rowid DESC LIMIT 1"
+        _RUN_SELECT + " WHERE r.status = 'running' AND r.kind = 'soak' ORDER BY r.created_unix DESC, r.rowid DESC "
+        "LIMIT 1"
     ).fetchone()
     return _run_row(row) if row else None
 

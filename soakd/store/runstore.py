@@ -109,13 +109,14 @@ class RunStore:
     # ---- runs and segments
     async def create_run(self, run_id: str, config_json: str | Mapping[str, Any], config_hash: str | None = None,
                          target: str | None = None, model: str | None = None, server_kind: str | None = None,
-                         version: str = __version__, *, created_unix: float | None = None) -> RunRow:
+                         version: str = __version__, *, created_unix: float | None = None,
+                         kind: str = "soak") -> RunRow:
         """A new run (status 'running'). Not queued when the disk fails: a run that cannot be
         recorded should not start. ``config_hash`` defaults to :func:`hash_config` of the config."""
         text = config_json if isinstance(config_json, str) else to_json(config_json, sort_keys=True)
         chash = config_hash or hash_config(text)
         t = time.time() if created_unix is None else created_unix
-        return await self._call(self._w.create_run, run_id, text, chash, target, model, server_kind, version, t)
+        return await self._call(self._w.create_run, run_id, text, chash, target, model, server_kind, version, t, kind)
 
     async def latest_unfinished_run(self) -> RunRow | None:
         """The newest run still 'running' (a soakd that died or was rescheduled): resume it unless --new-run."""
@@ -124,9 +125,9 @@ class RunStore:
     async def get_run(self, run_id: str) -> RunRow | None:
         return await self._call(self._w.get_run, run_id)
 
-    async def list_runs(self) -> list[RunRow]:
-        """Newest first."""
-        return await self._call(self._w.list_runs)
+    async def list_runs(self, kind: str | None = "soak") -> list[RunRow]:
+        """Newest first; soaks by default (``kind`` sweep, or None for all)."""
+        return await self._call(self._w.list_runs, kind)
 
     async def start_segment(self, run_id: str, reason: str = "start", *, t_unix: float | None = None) -> int:
         """A process start or resume: returns its seq (0, 1, …). A segment left open by a crash is

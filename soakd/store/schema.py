@@ -133,6 +133,15 @@ _V2 = (
 )
 
 
+_V3 = (
+    # what a run is: a soak, or a sweep of load steps (soakd sweep: one window per step, its result
+    # as the verdict). Resuming and the report's default pick soaks only.
+    "ALTER TABLE runs ADD COLUMN kind TEXT NOT NULL DEFAULT 'soak'",
+)
+
+RUN_KINDS = ("soak", "sweep")
+
+
 def _migrate_to_v1(conn: sqlite3.Connection) -> None:
     for stmt in _V1:
         conn.execute(stmt)
@@ -143,7 +152,12 @@ def _migrate_to_v2(conn: sqlite3.Connection) -> None:
         conn.execute(stmt)
 
 
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_migrate_to_v1, _migrate_to_v2)
+def _migrate_to_v3(conn: sqlite3.Connection) -> None:
+    for stmt in _V3:
+        conn.execute(stmt)
+
+
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_migrate_to_v1, _migrate_to_v2, _migrate_to_v3)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

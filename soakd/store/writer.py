@@ -345,14 +345,14 @@ class Writer:
 
     # ---- runs and segments
     def create_run(self, run_id: str, config_json: str, chash: str, target: str | None, model: str | None,
-                   server_kind: str | None, version: str, t: float) -> RunRow:
+                   server_kind: str | None, version: str, t: float, kind: str = "soak") -> RunRow:
         def fn(conn: sqlite3.Connection) -> None:
             if conn.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone():
                 raise StoreError(f"run {run_id} already exists in {self.db}")
             conn.execute(
                 "INSERT INTO runs (id, created_unix, config_json, config_hash, target, model, server_kind, version, "
-                "status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running')",
-                (run_id, t, config_json, chash, target, model, server_kind, version))
+                "status, kind) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'running', ?)",
+                (run_id, t, config_json, chash, target, model, server_kind, version, kind))
 
         self.write(_Op("run", run_id, t, fn), queue=False)
         row = self.get_run(run_id)
@@ -518,8 +518,8 @@ class Writer:
     def get_run(self, run_id: str) -> RunRow | None:
         return rows.q_get_run(self._c(), run_id)
 
-    def list_runs(self) -> list[RunRow]:
-        return rows.q_list_runs(self._c())
+    def list_runs(self, kind: str | None = "soak") -> list[RunRow]:
+        return rows.q_list_runs(self._c(), kind)
 
     def latest_unfinished_run(self) -> RunRow | None:
         return rows.q_latest_unfinished(self._c())

@@ -341,10 +341,11 @@ async def test_a_store_written_by_schema_v1_migrates_and_keeps_its_data(tmp_path
     build_v1(tmp_path / "old")
     store = await RunStore.open(tmp_path / "old")
     try:
-        assert store.migrated == [2]
+        assert store.migrated == [2, 3]
         assert await store._execute("PRAGMA user_version") == [(SCHEMA_VERSION,)]
         run = await store.latest_unfinished_run()
         assert run is not None and (run.id, run.last_window, run.windows, run.segments) == ("old", 1, 2, 1)
+        assert run.kind == "soak"  # v3: every run written before it is a soak
         assert (await store.get_run("done")).verdict == {"verdict": "pass"}  # type: ignore[union-attr]
         assert [(w.window, w.segment, w.requests) for w in await store.load_windows("old")] == [
             (0, 0, 100), (1, 0, 100)]
@@ -711,3 +712,15 @@ async def test_reader_reads_beside_a_running_writer(tmp_path: Path) -> None:
         assert reader.load_baseline("run1") is None and reader.load_samples("run1") == []
     with pytest.raises(StoreError, match=r"no soakd state.*--state-dir"):
         StoreReader(tmp_path / "missing")
+
+
+async def test_sweeps_are_runs_of_their_own_kind(tmp_path: Path) -> None:
+    """A sweep is stored as a run of kind sweep: never resumed as a soak, listed apart."""
+    async with await RunStore.open(tmp_path) as store:
+        await store.create_run("soak1", {}, created_unix=100.0)
+        await store.create_run("sweep1", {}, created_unix=200.0, kind="sweep")
+        assert (await store.latest_unfinished_run()).id == "soak1"  # type: ignore[union-attr]
+        assert [r.id for r in await store.list_runs()] == ["soak1"]
+        assert [r.id for r in await store.list_runs("sweep")] == ["sweep1"]
+        assert [r.id for r in await store.list_runs(None)] == ["sweep1", "soak1"]
+        assert (await store.get_run("sweep1")).kind == "sweep"  # type: ignore[union-attr]
