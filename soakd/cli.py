@@ -1,4 +1,4 @@
-"""Command line: ``soakd run | sweep | sim | demo | check | report | metrics``.
+"""Command line: ``soakd run | sweep | batch | sim | demo | check | report | metrics``.
 
 Exit codes: 0 success, 1 failure, 2 usage or configuration error.
 """
@@ -219,6 +219,59 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return EXIT_FAIL
     _write_sweep(outcome.document, args)
     return EXIT_OK if outcome.document.get("knee") is not None else EXIT_FAIL
+
+
+# ---- batch -------------------------------------------------------------------------------------
+
+
+def cmd_batch(args: argparse.Namespace) -> int:
+    """``soakd batch INPUT``: an OpenAI Batch API input file, sent and accounted for; resumable."""
+    from soakd import logging_setup
+    from soakd.batch.input import InputError
+    from soakd.batch.runner import BatchRunner, print_accounting
+    from soakd.store import StoreError
+
+    over: dict[str, Any] = {}
+    for dest, key in (("batch_concurrency", "concurrency"), ("max_tries", "max_tries"),
+                      ("failure_budget", "failure_budget")):
+        if getattr(args, dest) is not None:
+            over[key] = getattr(args, dest)
+    try:
+        cfg = _load(args, args.config, base={"batch": over} if over else None)
+        if args.print_config:
+            _print_config(cfg)
+            return EXIT_OK
+        cfg.api_key()
+    except ConfigError as exc:
+        return _config_error(exc)
+    logging_setup.configure(cfg.log.format, cfg.log.level)
+    inp: Path = args.input
+    output = args.output or inp.with_name(inp.stem + ".output.jsonl")
+    errors = args.errors or inp.with_name(inp.stem + ".errors.jsonl")
+    tty = sys.stderr.isatty()
+
+    def progress(line: str) -> None:
+        if tty:
+            sys.stderr.write("\r" + line[:200])
+            sys.stderr.flush()
+
+    async def batch() -> Any:
+        runner = BatchRunner(cfg, inp, output, errors, new_batch=args.new_batch, progress=progress)
+        _install_signals(runner)
+        return await runner.run()
+
+    try:
+        outcome = _run_async(batch())
+    except InputError as exc:
+        sys.stderr.write(f"soakd batch: {exc}\n")
+        return EXIT_CONFIG
+    except StoreError as exc:
+        sys.stderr.write(f"soakd batch: {exc}\n")
+        return EXIT_FAIL
+    if tty:
+        sys.stderr.write("\n")
+    print_accounting(outcome)
+    return EXIT_OK if outcome.finished and outcome.accounting["within_budget"] else EXIT_FAIL
 
 
 # ---- demo --------------------------------------------------------------------------------------
@@ -458,6 +511,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="render a stored sweep (the newest, or ID) from --state-dir instead of running one")
     p.add_argument("--print-config", action="store_true", help="print the effective configuration and exit")
     p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("batch", help="send an OpenAI Batch API input file and account for every line",
+                       description="Send an OpenAI Batch API input file (JSONL: custom_id, method, url, body) with "
+                       "bounded concurrency, validate every output, retry retryable failures with backoff, write the "
+                       "batch output and error files (one line per custom_id) and the accounting; a batch that was "
+                       "interrupted resumes without re-sending a finished custom_id. Exit 1 above the failure budget.")
+    p.add_argument("input", type=Path, help="the batch input file (.jsonl)")
+    p.add_argument("-o", "--output", type=Path, help="the output file (default INPUT.output.jsonl)")
+    p.add_argument("--errors", type=Path, help="the error file (default INPUT.errors.jsonl)")
+    p.add_argument("-c", "--config", type=Path, default=os.environ.get("SOAKD_CONFIG"),
+                   help="YAML configuration file (its target: and batch: sections)")
+    flags.add_arguments(p, flags=("--target", "--model", "--api-key-env", "--api-key-file", "--state-dir",
+                                  "--no-keep-alive", "--log-format", "--log-level"))
+    p.add_argument("--concurrency", dest="batch_concurrency", type=int, help="requests in flight (default 8)")
+    p.add_argument("--max-tries", type=int, help="tries per input before it is given up (default 3)")
+    p.add_argument("--failure-budget", type=float, help="share of lines that may fail before exit 1 (default 0)")
+    p.add_argument("--new-batch", action="store_true", help="start over instead of resuming an unfinished batch")
+    p.add_argument("--print-config", action="store_true", help="print the effective configuration and exit")
+    p.set_defaults(func=cmd_batch)
 
     p = sub.add_parser("check", help="OpenAI compatibility probe of a target")
     p.add_argument("-c", "--config", type=Path, default=os.environ.get("SOAKD_CONFIG"),

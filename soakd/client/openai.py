@@ -147,6 +147,18 @@ class OpenAIClient:
         data = json.loads(body)
         return [m["id"] for m in data.get("data", []) if isinstance(m, dict) and "id" in m]
 
+    async def post_json(self, path: str, body: dict[str, Any],
+                        headers: dict[str, str] | None = None) -> tuple[int, str, bytes]:
+        """POST ``body`` to ``path`` (``/chat/completions``, ``/completions``, ``/embeddings``: relative
+        to the base URL) without streaming, within the total timeout: (status, request id, raw body).
+        Raises TimeoutError, aiohttp.ClientError or OSError; the caller classifies them."""
+        timeout = aiohttp.ClientTimeout(total=self._total_s, sock_connect=self.target.timeouts.connect)
+        async with self.session.post(self.base + path, data=_dumps(body).encode(), timeout=timeout,
+                                     headers=headers) as resp:
+            raw = await resp.read()
+            rid = resp.headers.get("x-request-id") or resp.headers.get("request-id") or ""
+            return resp.status, rid, raw
+
     # ------------------------------------------------------------------ the request
     async def execute(
         self,

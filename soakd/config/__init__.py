@@ -19,6 +19,7 @@ from soakd.config.analysis import (
 from soakd.config.loading import ENV_PREFIX, deep_merge, env_overrides, format_validation_error, load_config, read_yaml
 from soakd.config.model import (
     BUILTIN_SCENARIOS,
+    BatchConfig,
     ConfigError,
     DcgmSamplerConfig,
     HostSamplerConfig,
@@ -45,6 +46,7 @@ __all__ = [
     "BUILTIN_SCENARIOS",
     "ENV_PREFIX",
     "AnalysisConfig",
+    "BatchConfig",
     "CanaryConfig",
     "ClientConfig",
     "ConfigError",

@@ -383,6 +383,18 @@ class SweepConfig(_Model):
     confidence: float = Field(0.95, gt=0.5, lt=1, description="Of the throughput and latency intervals.")
 
 
+class BatchConfig(_Model):
+    """``soakd batch``: an OpenAI Batch API input file, sent with resumable accounting."""
+
+    concurrency: int = Field(8, ge=1, le=10_000, description="Requests in flight at once.")
+    max_tries: int = Field(
+        3, ge=1, le=100, description="Tries per input before it is given up (retryable failures: HTTP 408/429/5xx, "
+        "timeouts, connection errors, an output that fails validation).")
+    backoff: Duration = Field(0.5, ge=0, description="First retry delay; doubled per try (with jitter), capped at 30s.")
+    failure_budget: float = Field(
+        0.0, ge=0, le=1, description="Share of inputs that may fail (bad lines included) before soakd batch exits 1.")
+
+
 class SoakConfig(_Model):
     target: TargetConfig = Field(default_factory=TargetConfig)
     run: RunConfig = Field(default_factory=RunConfig)
@@ -396,6 +408,7 @@ class SoakConfig(_Model):
     log: LogConfig = Field(default_factory=LogConfig)
     sim: SimConfig = Field(default_factory=SimConfig, description="The embedded simulator (soakd sim / soakd demo).")
     sweep: SweepConfig = Field(default_factory=SweepConfig, description="soakd sweep: the load steps to the knee.")
+    batch: BatchConfig = Field(default_factory=BatchConfig, description="soakd batch: sending a batch input file.")
 
     @field_validator("scenarios")
     @classmethod

@@ -51,7 +51,9 @@ class Exchange:
         self.loop = asyncio.get_running_loop()
         self.p = p
         self.plan = plan
-        self.rid = ("chatcmpl-" if p.chat else "cmpl-") + st.next_id()
+        # the client's X-Request-Id when it sends one (vLLM takes it as the request id too), echoed back
+        given = request.headers.get("X-Request-Id", "")
+        self.rid = given[:256] if given else ("chatcmpl-" if p.chat else "cmpl-") + st.next_id()
         self.created = int(time.time())
         self.reason = "abort"
         self.t_arrival = self.loop.time()
@@ -254,7 +256,7 @@ class Exchange:
             body = body[: len(body) // 2]
         self.reason = finish
         self.t_done = loop.time()
-        return web.Response(body=body, content_type="application/json")
+        return web.Response(body=body, content_type="application/json", headers={"X-Request-Id": self.rid})
 
 
 async def _sleep_until(loop: asyncio.AbstractEventLoop, deadline: float) -> None:

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import hmac
 import json
+import math
 import signal
 import time
 from collections import deque
@@ -139,6 +141,39 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await _generate(request, chat=False)
 
 
+EMBEDDING_DIM = 16
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    """``POST /v1/embeddings``: a deterministic unit vector per input (from its hash), usage by words."""
+    t_received_ns = time.perf_counter_ns()
+    st = request.app[SIM_STATE]
+    rid = request.headers.get("X-Request-Id", "")[:256] or "embd-" + st.next_id()
+    st.recent.append((rid, t_received_ns, None, t_received_ns))
+    denied = _check_auth(st, request)
+    if denied is not None:
+        return denied
+    try:
+        body = await request.json()
+    except ValueError:
+        return error_response(400, "request body is not JSON", "invalid_request_error")
+    inputs = body.get("input") if isinstance(body, dict) else None
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    if not isinstance(inputs, list) or not inputs or not all(isinstance(x, str) for x in inputs):
+        return error_response(400, "'input' must be a string or a list of strings", "invalid_request_error")
+    data, words = [], 0
+    for i, text in enumerate(inputs):
+        digest = hashlib.sha256(text.encode()).digest()
+        vec = [(b - 127.5) / 127.5 for b in digest[:EMBEDDING_DIM]]
+        norm = math.sqrt(sum(v * v for v in vec)) or 1.0
+        data.append({"object": "embedding", "index": i, "embedding": [v / norm for v in vec]})
+        words += len(text.split())
+    return web.json_response({"object": "list", "data": data, "model": st.config.model,
+                              "usage": {"prompt_tokens": words, "total_tokens": words}},
+                             headers={"X-Request-Id": rid})
+
+
 async def list_models(request: web.Request) -> web.Response:
     st = request.app[SIM_STATE]
     denied = _check_auth(st, request)
@@ -193,6 +228,7 @@ def build_app(
     app.router.add_get("/v1/models", list_models)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/embeddings", embeddings)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/dcgm/metrics", dcgm_metrics)
     app.router.add_get("/health", health)

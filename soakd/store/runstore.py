@@ -188,6 +188,26 @@ class RunStore:
     async def set_verdict(self, run_id: str, verdict: Mapping[str, Any]) -> None:
         await self._call(self._w.set_verdict, run_id, to_json(verdict), time.time())
 
+    # ---- batches (soakd batch: resumable accounting of an OpenAI batch input file)
+    async def create_batch(self, batch_id: str, input_path: str, input_sha256: str, target: str | None,
+                           config: Mapping[str, Any]) -> None:
+        await self._call(self._w.create_batch, batch_id, input_path, input_sha256, target,
+                         to_json(config, sort_keys=True), time.time())
+
+    async def latest_batch(self, input_sha256: str) -> tuple[str, str] | None:
+        """(id, status) of the newest batch of this input: resume it while it is running."""
+        return await self._call(self._w.latest_batch, input_sha256)
+
+    async def save_batch_items(self, batch_id: str, items: Sequence[tuple[Any, ...]]) -> None:
+        if items:
+            await self._call(self._w.save_batch_items, batch_id, list(items), time.time())
+
+    async def load_batch_items(self, batch_id: str) -> list[tuple[Any, ...]]:
+        return await self._call(self._w.load_batch_items, batch_id)
+
+    async def finish_batch(self, batch_id: str, status: str, result: Mapping[str, Any]) -> None:
+        await self._call(self._w.finish_batch, batch_id, status, to_json(result), time.time())
+
     # ---- events
     async def add_event(self, run_id: str, kind: str, severity: str, message: str,
                         data: Mapping[str, Any] | None = None, window: int | None = None, *,

@@ -141,6 +141,36 @@ _V3 = (
 
 RUN_KINDS = ("soak", "sweep")
 
+_V4 = (
+    # soakd batch: an OpenAI Batch API input file sent with resumable accounting
+    """CREATE TABLE batches (
+        id           TEXT PRIMARY KEY,
+        created_unix REAL NOT NULL,
+        input_path   TEXT NOT NULL,
+        input_sha256 TEXT NOT NULL,
+        target       TEXT,
+        config_json  TEXT NOT NULL,
+        status       TEXT NOT NULL DEFAULT 'running' CHECK (status IN ('running', 'finished', 'failed')),
+        ended_unix   REAL,
+        result_json  TEXT
+    )""",
+    """CREATE TABLE batch_items (
+        batch_id      TEXT NOT NULL REFERENCES batches (id) ON DELETE CASCADE,
+        custom_id     TEXT NOT NULL,
+        line_no       INTEGER NOT NULL,
+        state         TEXT NOT NULL CHECK (state IN ('done', 'failed', 'invalid')),
+        tries         INTEGER NOT NULL DEFAULT 0,
+        status_code   INTEGER,
+        request_id    TEXT,
+        response_json TEXT,
+        error_json    TEXT,
+        flags         TEXT,
+        updated_unix  REAL NOT NULL,
+        PRIMARY KEY (batch_id, custom_id)
+    ) WITHOUT ROWID""",
+)
+BATCH_ITEM_STATES = ("done", "failed", "invalid")
+
 
 def _migrate_to_v1(conn: sqlite3.Connection) -> None:
     for stmt in _V1:
@@ -157,7 +187,13 @@ def _migrate_to_v3(conn: sqlite3.Connection) -> None:
         conn.execute(stmt)
 
 
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_migrate_to_v1, _migrate_to_v2, _migrate_to_v3)
+def _migrate_to_v4(conn: sqlite3.Connection) -> None:
+    for stmt in _V4:
+        conn.execute(stmt)
+
+
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_migrate_to_v1, _migrate_to_v2, _migrate_to_v3,
+                                                                 _migrate_to_v4)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -509,6 +509,47 @@ class Writer:
         self._flush_samples(lambda key: True)
         self.retry_pending()
 
+    # ---- batches (soakd batch)
+    def create_batch(self, batch_id: str, input_path: str, sha: str, target: str | None, config_json: str,
+                     t: float) -> None:
+        def fn(conn: sqlite3.Connection) -> None:
+            conn.execute("INSERT INTO batches (id, created_unix, input_path, input_sha256, target, config_json) "
+                         "VALUES (?, ?, ?, ?, ?, ?)", (batch_id, t, input_path, sha, target, config_json))
+
+        self.write(_Op("batch", "", t, fn), queue=False)
+
+    def latest_batch(self, sha: str) -> tuple[str, str] | None:
+        row = self._c().execute("SELECT id, status FROM batches WHERE input_sha256 = ? "
+                                "ORDER BY created_unix DESC, rowid DESC LIMIT 1", (sha,)).fetchone()
+        return (str(row[0]), str(row[1])) if row else None
+
+    def save_batch_items(self, batch_id: str, items: Sequence[tuple[Any, ...]], t: float) -> None:
+        """Upsert finished items: (custom_id, line_no, state, tries, status_code, request_id,
+        response_json, error_json, flags)."""
+        def fn(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "INSERT INTO batch_items (batch_id, custom_id, line_no, state, tries, status_code, request_id, "
+                "response_json, error_json, flags, updated_unix) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (batch_id, custom_id) DO UPDATE SET line_no = excluded.line_no, state = excluded.state, "
+                "tries = excluded.tries, status_code = excluded.status_code, request_id = excluded.request_id, "
+                "response_json = excluded.response_json, error_json = excluded.error_json, flags = excluded.flags, "
+                "updated_unix = excluded.updated_unix",
+                [(batch_id, *item, t) for item in items])
+
+        self.write(_Op("batch_items", "", t, fn))
+
+    def load_batch_items(self, batch_id: str) -> list[tuple[Any, ...]]:
+        return list(self._c().execute(
+            "SELECT custom_id, line_no, state, tries, status_code, request_id, response_json, error_json, flags "
+            "FROM batch_items WHERE batch_id = ? ORDER BY line_no", (batch_id,)))
+
+    def finish_batch(self, batch_id: str, status: str, result_json: str, t: float) -> None:
+        def fn(conn: sqlite3.Connection) -> None:
+            conn.execute("UPDATE batches SET status = ?, ended_unix = ?, result_json = ? WHERE id = ?",
+                         (status, t, result_json, batch_id))
+
+        self.write(_Op("batch", "", t, fn))
+
     # ---- reads (the writer's own connection: sees everything committed)
     def _c(self) -> sqlite3.Connection:
         if self.conn is None:

@@ -335,3 +335,31 @@ async def test_keep_alive_reuse_and_no_keep_alive(tmp_path: Path) -> None:
     # one connection per request: nothing to drop
     assert noka["outcomes"]["connection_error"] == 0, noka
     assert noka["reasons"] == {} and noka["drop_logged"] == 0, noka
+
+
+@pytest.mark.timeout(300)
+async def test_sweep_against_llama_server(tmp_path: Path) -> None:
+    """``soakd sweep`` against the real llama-server (4 slots, CPU): every step answered in full,
+    its quantiles with intervals, a knee or the end of the range named. On 2 shared cores the
+    server's CPU is the limit, so where the knee falls is reported, not asserted."""
+    cfg = soak_config(tmp_path / "sweep.yaml", keep_alive=False, scenarios={
+        "short_chat": {"max_tokens": 16, "extra_body": IGNORE_EOS}})
+    data = yaml.safe_load(cfg.read_text())
+    data["sweep"] = {"min_requests": 120}
+    cfg.write_text(yaml.safe_dump(data))
+    async with LlamaServer(tmp_path) as srv:
+        rc, out, err = await run_soakd(
+            "sweep", "-c", str(cfg), "--target", srv.base_url, "--mix", "short_chat=1", "--levels", "1,2,4,8",
+            "--step", "6s", "--step-warmup", "1s", "--grace", "20s", "--metrics-host", "127.0.0.1",
+            "--metrics-port", "0", "--state-dir", str(tmp_path / "state"), "--log-format", "json",
+            "--json", str(tmp_path / "sweep.json"), timeout=240)
+    print("\n" + out[out.find("soakd sweep "):])
+    assert rc in (0, 1) and "Traceback" not in err, err[-3000:]
+    doc = json.loads((tmp_path / "sweep.json").read_text())
+    assert doc["steps"] and doc["stop_reason"] in ("plateau", "end", "errors", "slo", "queue"), doc["message"]
+    for s in doc["steps"]:
+        assert s["requests"] >= 120 and s["requests_per_second"] > 0, s
+        assert s["latency"]["e2e_p50"]["ci"] is not None and s["latency"]["e2e_p95"]["ci"] is not None, s
+    assert doc["stop_reason"] == "errors" or all(s["error_rate"] == 0 for s in doc["steps"]), doc["steps"]
+    if rc == 0:
+        assert doc["knee"]["level"] in doc["levels"]

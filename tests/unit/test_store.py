@@ -341,11 +341,11 @@ async def test_a_store_written_by_schema_v1_migrates_and_keeps_its_data(tmp_path
     build_v1(tmp_path / "old")
     store = await RunStore.open(tmp_path / "old")
     try:
-        assert store.migrated == [2, 3]
+        assert store.migrated == [2, 3, 4]
         assert await store._execute("PRAGMA user_version") == [(SCHEMA_VERSION,)]
         run = await store.latest_unfinished_run()
         assert run is not None and (run.id, run.last_window, run.windows, run.segments) == ("old", 1, 2, 1)
-        assert run.kind == "soak"  # v3: every run written before it is a soak
+        assert run.kind == "soak"  # v3: every run written before it is a soak (v4: batches)
         assert (await store.get_run("done")).verdict == {"verdict": "pass"}  # type: ignore[union-attr]
         assert [(w.window, w.segment, w.requests) for w in await store.load_windows("old")] == [
             (0, 0, 100), (1, 0, 100)]
