@@ -17,9 +17,15 @@ Metric names come from ``soakd/metrics.py`` (CATALOGUE); ``soakd:*`` names from
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from soakd.metrics import CATALOGUE  # noqa: E402  (which series carry the target label)
+
+TARGETED = {m.family_name for m in CATALOGUE if m.targeted}
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "dashboards"
@@ -40,6 +46,7 @@ def m(metric: str, *extra: str) -> str:
 
 
 SC = 'scenario=~"$scenario"'
+TGT = 'target=~"$target"'
 GPU = 'gpu=~"$gpu"'
 PERF_REASONS = "sw_power_cap|hw_slowdown|sw_thermal|hw_thermal|hw_power_brake"
 
@@ -227,6 +234,33 @@ def dashboard(uid: str, title: str, description: str, panels: list[dict[str, Any
     }
 
 
+_SELECTOR = re.compile(r"\b(soakd(?::[a-z0-9_]+:[a-z0-9_]+|_[a-z0-9_]+))\{")
+
+
+def _targeted(name: str) -> bool:
+    if name.startswith("soakd:"):
+        return "energy" not in name  # recorded from client-side series, which keep the target label
+    for suffix in ("_bucket", "_sum", "_count"):
+        if name.endswith(suffix) and name[: -len(suffix)] in TARGETED:
+            return True
+    return name in TARGETED or name.removesuffix("_total") in TARGETED
+
+
+def with_target_selector(dash: dict[str, Any]) -> dict[str, Any]:
+    """``target=~"$target"`` in every selector of a client-side or analysis series (they carry the
+    target label: main, or each target of an A/B run)."""
+    def fix(expr: str) -> str:
+        return _SELECTOR.sub(lambda mt: mt.group(0) + TGT + ", " if _targeted(mt.group(1)) else mt.group(0), expr)
+
+    for panel in dash["panels"]:
+        for t in panel.get("targets", []):
+            t["expr"] = fix(t["expr"])
+    for ann in dash["annotations"]["list"]:
+        if "expr" in ann:
+            ann["expr"] = fix(ann["expr"])
+    return dash
+
+
 # ---- soakd / Overview --------------------------------------------------------------------------
 
 UP_DOWN = mapping({0: ("DOWN", "red"), 1: ("UP", "green")})
@@ -409,12 +443,14 @@ def overview() -> dict[str, Any]:
     ]
     scenario = query_variable("scenario", "Scenario",
                               f"label_values(soakd_requests_total{sel()}, scenario)")
-    return dashboard(
+    tgt = query_variable("target", "Target", f"label_values(soakd_requests_total{sel()}, target)")
+    return with_target_selector(dashboard(
         "soakd-overview", "soakd / Overview",
         "soakd soak run: progress and verdict, latency and throughput by scenario, errors, and drift per "
-        "analysis window against the baseline and the previous window.",
-        panels, [scenario], annotations,
-    )
+        "analysis window against the baseline and the previous window. Target: the soaked system "
+        "(main; in an A/B run each configured target).",
+        panels, [tgt, scenario], annotations,
+    ))
 
 
 # ---- soakd / Device ----------------------------------------------------------------------------

@@ -1,6 +1,9 @@
 """Command line: ``soakd run | sweep | batch | sim | demo | check | report | metrics``.
 
-Exit codes: 0 success, 1 failure, 2 usage or configuration error.
+Exit codes: 0 success, 1 failure, 2 usage or configuration error, 3 inconclusive.
+
+Longer than 500 lines: one entry point per command (run, sweep, batch, demo, check, report,
+metrics), each a thin shell over its package; the parser is the one place all flags are declared.
 """
 
 from __future__ import annotations

@@ -11,6 +11,9 @@ Two kinds of instruments feed one custom collector:
 
 ``CATALOGUE`` is the single list of names, types, labels and help texts. The README's metric
 table is generated from it (``soakd metrics --markdown``) and a test keeps them in sync.
+
+Longer than 500 lines: the catalogue is the metric contract, one entry per exported name with its
+help text; it is kept in one place on purpose.
 """
 
 from __future__ import annotations
@@ -56,6 +59,16 @@ class MetricSpec:
     labels: tuple[str, ...] = ()
     buckets: tuple[float, ...] = ()
     group: str = "load"
+
+    @property
+    def targeted(self) -> bool:
+        """Client-side and analysis series carry the ``target`` label (the configured target's name;
+        ``main`` for a single target), so that an A/B run and a single-target run share one schema."""
+        return self.group in ("load", "analysis")
+
+    @property
+    def exported_labels(self) -> tuple[str, ...]:
+        return ("target", *self.labels) if self.targeted else self.labels
 
     @property
     def family_name(self) -> str:
@@ -294,7 +307,7 @@ BY_NAME: dict[str, MetricSpec] = {m.name: m for m in CATALOGUE}
 def catalogue_markdown(specs: Iterable[MetricSpec] = CATALOGUE) -> str:
     rows = ["| name | type | labels | help |", "|---|---|---|---|"]
     for m in specs:
-        labels = ", ".join(f"`{label}`" for label in m.labels) or "—"
+        labels = ", ".join(f"`{label}`" for label in m.exported_labels) or "—"
         rows.append(f"| `{m.name}` | {m.kind} | {labels} | {m.help} |")
     return "\n".join(rows) + "\n"
 
@@ -411,6 +424,32 @@ class Gauge:
 
 SnapshotSource = Callable[[], Iterable[Metric]]
 
+TARGET_LABEL = "target"
+TARGETED_NAMES = frozenset(m.family_name for m in CATALOGUE if m.targeted)
+
+
+def with_target(families: Iterable[Metric], target: str) -> Iterator[Metric]:
+    """The families with ``target="<name>"`` on each sample of a targeted (client-side or analysis) metric."""
+    for fam in families:
+        if fam.name not in TARGETED_NAMES:
+            yield fam
+            continue
+        out = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+        out.samples = [s._replace(labels={TARGET_LABEL: target, **s.labels}) for s in fam.samples]
+        yield out
+
+
+def merged(families: Iterable[Metric]) -> list[Metric]:
+    """One family per name (the targets' families of one metric side by side), in first-seen order."""
+    out: dict[str, Metric] = {}
+    for fam in families:
+        have = out.get(fam.name)
+        if have is None:
+            out[fam.name] = fam
+        else:
+            have.samples = [*have.samples, *fam.samples]
+    return list(out.values())
+
 
 @dataclass
 class SoakMetrics:
@@ -419,7 +458,11 @@ class SoakMetrics:
     scenarios: tuple[str, ...]
     version: str = "0"
     slo_objectives: dict[str, float] = field(default_factory=dict)  # scenario -> the share that must meet its SLO
-    sources: list[SnapshotSource] = field(default_factory=list)
+    sources: list[SnapshotSource] = field(default_factory=list)  # machine-wide (samplers): no target label
+    target: str = "main"  # the target these client-side series are of
+    # per target: its analysis (and, for the targets after the first, its own client-side metrics)
+    target_sources: list[tuple[str, SnapshotSource]] = field(default_factory=list)
+    peers: list[SoakMetrics] = field(default_factory=list)  # the other targets' client-side metrics
 
     def __post_init__(self) -> None:
         S = BY_NAME
@@ -458,14 +501,14 @@ class SoakMetrics:
         self.late_sends.init()
         self.windows_closed.init()
 
-    def _families(self) -> Iterator[Metric]:
+    def _client_families(self) -> Iterator[Metric]:
+        """The target's own series: requests, latency histograms, tokens, in flight, up."""
         for counter in (self.requests, self.failures, self.prompt_tokens, self.completion_tokens,
                         self.usage_missing, self.warmup_requests, self.late_sends, self.windows_closed):
             yield counter.family()
         for hist in (self.e2e, self.ttft, self.itl):
             yield hist.family()
-        for gauge in (self.in_flight, self.target_up, self.elapsed, self.progress, self.warmup_active,
-                      self.window_index, self.run_start):
+        for gauge in (self.in_flight, self.target_up):
             fam = gauge.family()
             if fam is not None:
                 yield fam
@@ -475,6 +518,13 @@ class SoakMetrics:
             for sc, q in sorted(self.slo_objectives.items()):
                 obj.add_metric([sc], q)
             yield obj
+
+    def _families(self) -> Iterator[Metric]:
+        yield from self._client_families()
+        for gauge in (self.elapsed, self.progress, self.warmup_active, self.window_index, self.run_start):
+            fam = gauge.family()
+            if fam is not None:
+                yield fam
         info = BY_NAME["soakd_build_info"].family(labels=())
         info.add_metric([], {"version": self.version})
         yield info
@@ -482,14 +532,24 @@ class SoakMetrics:
     def collector(self) -> Collector:
         metrics = self
 
+        def sources() -> Iterator[Metric]:
+            yield from with_target(metrics._families(), metrics.target)
+            for peer in metrics.peers:
+                yield from with_target(peer._client_families(), peer.target)
+            for target, source in metrics.target_sources:
+                try:
+                    yield from with_target(list(source()), target)
+                except Exception:  # noqa: BLE001 - a broken snapshot source must not break /metrics
+                    continue
+            for source in metrics.sources:
+                try:
+                    yield from list(source())
+                except Exception:  # noqa: BLE001 - a broken snapshot source must not break /metrics
+                    continue
+
         class _SoakCollector(Collector):
             def collect(self) -> Iterator[Metric]:
-                yield from metrics._families()
-                for source in metrics.sources:
-                    try:
-                        yield from source()
-                    except Exception:  # noqa: BLE001 - a broken snapshot source must not break /metrics
-                        continue
+                yield from merged(sources())
 
         return _SoakCollector()
 

@@ -106,7 +106,7 @@ class Runtime:
         self.runners = [SamplerRunner(s, interval) for s, interval in build_samplers(config, nvml_module=nvml_module)]
         self.telemetry = TelemetryRouter(self.runners)
         self.metrics.sources.append(SnapshotCollector(self.runners))
-        self.metrics.sources.append(AnalysisExporter(self.analyzer))
+        self.metrics.target_sources.append((self.metrics.target, AnalysisExporter(self.analyzer)))
         self.status = StatusBoard(config, session=self.session, metrics=self.metrics, runners=self.runners,
                                   analyzer=self.analyzer, clock=clock)
         self.heartbeat = Heartbeat()

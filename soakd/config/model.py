@@ -3,6 +3,10 @@
 Loaded by ``soakd.config.loading`` (YAML file < environment ``SOAKD_*`` < command-line flags). Every error names the field path, the bad value and what is expected, all at once, before
 anything starts (``ConfigError``). Secrets (the API key) never live in the model: only where
 to read them from (``api_key_env`` / ``api_key_file``).
+
+Longer than 500 lines: every section a user can write (target, run, load, scenarios and their
+SLOs, samplers, sweep, batch, metrics, log) is declared here with its description, which the
+example file and ``--print-config`` repeat; the cross-field checks live beside the fields.
 """
 
 from __future__ import annotations

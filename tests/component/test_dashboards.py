@@ -107,7 +107,7 @@ def catalogue() -> dict[str, MetricSpec]:
 def substitute(expr: str, rate_interval: str = "15s", interval: str = "5s") -> str:
     """A dashboard query as Grafana sends it with every variable at All (``.*``)."""
     out = expr.replace("$__rate_interval", rate_interval).replace("$__interval", interval)
-    out = re.sub(r"\$\{?(job|namespace|pod|scenario|gpu)\}?", ".*", out)
+    out = re.sub(r"\$\{?(job|namespace|pod|scenario|gpu|target)\}?", ".*", out)
     assert "$" not in out, f"unsubstituted variable in {out}"
     return out
 
@@ -205,10 +205,10 @@ def selector_problems(where: str, expr: str, names: dict[str, MetricSpec], recor
         spec = names.get(name)
         if spec is None:
             continue
-        allowed = TARGET_LABELS | set(spec.labels) | ({"le"} if name.endswith("_bucket") else set())
+        allowed = TARGET_LABELS | set(spec.exported_labels) | ({"le"} if name.endswith("_bucket") else set())
         for label, _, _ in MATCHER.findall(body):
             if label not in allowed:
-                problems.append(f"{where}: {name} has no label {label!r} (labels: {sorted(spec.labels)})")
+                problems.append(f"{where}: {name} has no label {label!r} (labels: {sorted(spec.exported_labels)})")
     return problems
 
 
@@ -321,7 +321,7 @@ def test_every_query_selects_job_namespace_pod(dashboards: dict[str, dict[str, A
             for metric, body in selectors:
                 for matcher in TARGET_SELECTOR:
                     assert matcher in body, f"{where}: {metric} lacks {matcher}"
-                labels = names[metric].labels if metric in names else ()
+                labels = names[metric].exported_labels if metric in names else ()
                 if "scenario" in variables and "scenario" in labels:
                     assert 'scenario=~"$scenario"' in body, f"{where}: {metric} ignores $scenario"
                 if "gpu" in variables and "gpu" in labels:
@@ -344,7 +344,7 @@ def test_names_exist_in_the_catalogue_and_rules(dashboards: dict[str, dict[str, 
             problems += selector_problems(f"{name}: variable {var}", selector, names, recorded)
             metric = SELECTOR.findall(selector)[0][0] if "{" in selector else selector
             spec = names[metric]
-            assert label in spec.labels or label in TARGET_LABELS, f"{name}: {metric} has no label {label}"
+            assert label in spec.exported_labels or label in TARGET_LABELS, f"{name}: {metric} has no label {label}"
     assert not problems, "\n".join(problems)
 
 

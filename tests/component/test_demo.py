@@ -68,7 +68,7 @@ async def test_sigterm_drains_and_writes_a_partial_window(tmp_path: Path) -> Non
             status, text = await http_get(metrics_url)
             assert status == 200
             ok = [s.value for f in text_string_to_metric_families(text) for s in f.samples
-                  if s.name == "soakd_requests_total" and s.labels == {"scenario": "short_chat", "outcome": "ok"}]
+                  if s.name == "soakd_requests_total" and s.labels == {"target": "main", "scenario": "short_chat", "outcome": "ok"}]
             assert len(ok) == 1 and ok[0] > 0
             await asyncio.sleep(0.4)  # into the next window
             proc.signal()

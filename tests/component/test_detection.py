@@ -176,7 +176,11 @@ def samples(daemon: Runtime) -> dict[tuple[str, tuple[tuple[str, str], ...]], fl
 
 
 def value(snap: dict, name: str, **labels: str) -> float | None:
-    return snap.get((name, tuple(sorted(labels.items()))))
+    """The sample with exactly ``labels`` (and, on client-side and analysis series, target="main")."""
+    exact = snap.get((name, tuple(sorted(labels.items()))))
+    if exact is not None:
+        return exact
+    return snap.get((name, tuple(sorted({**labels, "target": "main"}.items()))))
 
 
 def at_window(sim: SimServer, tl: Any, k: int, clock: str = "model", offset: float = 0.0) -> float:

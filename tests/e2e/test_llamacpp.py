@@ -102,7 +102,11 @@ async def poll_metrics(url: str, predicate: Any, timeout: float, what: str) -> s
 
 
 def one(text: str, name: str, labels: str = "") -> float | None:
-    return metric_values(text, name).get(labels)
+    """The sample of ``name`` with exactly ``labels`` (besides the single target's target="main")."""
+    for key, v in metric_values(text, name).items():
+        if ",".join(p for p in key.split(",") if p and p != 'target="main"') == labels:
+            return v
+    return None
 
 
 def failures_by_reason(text: str) -> dict[str, float]:

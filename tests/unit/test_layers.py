@@ -35,6 +35,8 @@ LAYERS: dict[str, set[str]] = {
     "soak": {"core", "config", "metrics", "client", "workload", "samplers", "analysis", "store", "report", "web"},
     "runtime": {"core", "config", "metrics", "client", "workload", "samplers", "analysis", "store", "report",
                 "web", "soak", "logging_setup"},
+    "sweep": {"core", "config", "metrics", "client", "workload", "soak", "store", "report", "web"},
+    "batch": {"core", "config", "client", "soak", "store"},
     "cli": {"*"},
     "__main__": {"cli"},
 }
