@@ -204,6 +204,12 @@ CATALOGUE: tuple[MetricSpec, ...] = (
                ("kind", "severity"), group="analysis"),
     MetricSpec("soakd_verdict_pass", "gauge",
                "1 while no finding fails the run (analysis.verdict.fail_on), 0 once one does.", group="analysis"),
+    # ---- A/B (several targets: each candidate against the reference)
+    MetricSpec("soakd_ab_ratio", "gauge",
+               "A/B runs: each candidate target's last closed window against the reference target's, by metric "
+               "(signed relative change; error_rate and goodput_ratio: difference of ratios). Absent while the "
+               "pair has no eligible window (a reference that is down gives no ratio).", ("metric", "target"),
+               group="ab"),
     # ---- sweep (soakd sweep: load steps to the knee)
     MetricSpec("soakd_sweep_step", "gauge", "Index of the sweep's current step (0 = the first level).", group="sweep"),
     MetricSpec("soakd_sweep_level", "gauge",

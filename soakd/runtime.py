@@ -41,7 +41,9 @@ from soakd.samplers.registry import build_samplers
 from soakd.soak.canary import Canary, CanaryRunner
 from soakd.soak.driver import LoadDriver
 from soakd.soak.events import EventLog
-from soakd.soak.exporter import AnalysisExporter
+from soakd.analysis.ab import AbJudge
+from soakd.soak.exporter import AbExporter, AnalysisExporter
+from soakd.soak.peers import Peer, PeerPipeline
 from soakd.soak.pipeline import WindowPipeline
 from soakd.soak.quiesce import QuiesceProber
 from soakd.soak.recorder import Recorder, RecordListener
@@ -90,23 +92,42 @@ class Runtime:
         self.clock = clock
         self.policies = config.policies()
         self.record_listeners = record_listeners
-        self.api_key = config.api_key()  # ConfigError when configured but missing
+        self.target_cfgs = config.target_list()  # the reference (or only) target first
+        primary = self.target_cfgs[0]
+        self.api_key = config.api_key(primary)  # ConfigError when configured but missing
         baseline = (read_baseline(config.analysis.baseline, config.analysis.drift.min_requests)
                     if config.analysis.baseline is not None else None)
         self.scenarios = resolve_all(config)
         slos = config.slos()
         self.slos = {name: (slo.ttft, slo.itl, slo.e2e) for name, slo in slos.items()}
-        self.metrics = SoakMetrics(tuple(self.scenarios), __version__,
-                                   slo_objectives={name: slo.quantile for name, slo in slos.items()})
+        objectives = {name: slo.quantile for name, slo in slos.items()}
+        self.metrics = SoakMetrics(tuple(self.scenarios), __version__, slo_objectives=objectives, target=primary.name)
         self.session = RunSession(config, new_run=new_run, clock=clock)
         self.events = EventLog(self.session, clock)
+        planned = max(1, math.ceil(config.run.duration / config.run.window))
+        candidates = len(self.target_cfgs) - 1
         self.analyzer = Analyzer(config.analysis, on_event=self.events.emit, baseline=baseline,
-                                 planned_windows=max(1, math.ceil(config.run.duration / config.run.window)))
-        self.pipeline = WindowPipeline(self.session, self.analyzer, self.events, self.metrics)
+                                 planned_windows=planned, candidates=candidates)
+        self.pipeline = WindowPipeline(self.session, self.analyzer, self.events, self.metrics,
+                                       on_window=lambda w: self._ab_window(primary.name, w))
+        # A/B: the other targets, each with its own client, metrics and analysis (soakd.soak.peers)
+        self.peers: list[Peer] = []
+        for t in self.target_cfgs[1:]:
+            pm = SoakMetrics(tuple(self.scenarios), __version__, slo_objectives=objectives, target=t.name)
+            pa = Analyzer(config.analysis, on_event=self._peer_event(t.name), planned_windows=planned,
+                          candidates=candidates)
+            self.metrics.peers.append(pm)
+            self.metrics.target_sources.append((t.name, AnalysisExporter(pa)))
+            self.peers.append(Peer(t, OpenAIClient(t, config.api_key(t), pool_size=self._pool_size(config)), pm, pa))
+        self.ab = (AbJudge(config.analysis, primary.name, [p.name for p in self.peers], planned)
+                   if self.peers else None)
+        self.peer_pipeline = PeerPipeline(self.peers, self._save_peer_window, self._ab_window)
         self.runners = [SamplerRunner(s, interval) for s, interval in build_samplers(config, nvml_module=nvml_module)]
         self.telemetry = TelemetryRouter(self.runners)
         self.metrics.sources.append(SnapshotCollector(self.runners))
         self.metrics.target_sources.append((self.metrics.target, AnalysisExporter(self.analyzer)))
+        if self.ab is not None:
+            self.metrics.sources.append(AbExporter(self.ab))
         self.status = StatusBoard(config, session=self.session, metrics=self.metrics, runners=self.runners,
                                   analyzer=self.analyzer, clock=clock)
         self.heartbeat = Heartbeat()
@@ -114,10 +135,7 @@ class Runtime:
         self.registry = self.metrics.registry()
         self.web = WebServer(build_app(self.registry, self.status.status, self.status.ready, self.heartbeat),
                              config.metrics.host, config.metrics.port)
-        load = config.load
-        max_in_flight = (load.effective_concurrency * max(sc.burst_size for sc in self.scenarios.values())
-                         if load.closed_loop else load.max_in_flight)
-        self.client = OpenAIClient(config.target, self.api_key, pool_size=max_in_flight)
+        self.client = OpenAIClient(primary, self.api_key, pool_size=self._pool_size(config))
         self.progress = (progress if progress is not None
                          else (config.log.progress if config.log.progress is not None else sys.stderr.isatty()))
         self.load: Load | None = None
@@ -126,6 +144,29 @@ class Runtime:
         self.stop_reason = ""
         self._stop_requested = asyncio.Event()
         self._signals = 0
+
+    def _pool_size(self, config: SoakConfig) -> int:
+        load = config.load
+        return (load.effective_concurrency * max(sc.burst_size for sc in self.scenarios.values())
+                if load.closed_loop else load.max_in_flight)
+
+    # ---- A/B
+    def _peer_event(self, name: str) -> Any:
+        def emit(kind: str, severity: str, message: str, data: dict[str, Any], window: int | None) -> None:
+            self.events.emit(kind, severity, f"[{name}] {message}", {**data, "target": name}, window)
+        return emit
+
+    async def _save_peer_window(self, name: str, w: Any) -> None:
+        if self.session.store is not None:
+            await self.session.store.save_target_window(self.run_id, name, w)
+
+    def _ab_window(self, name: str, w: Any) -> None:
+        """A closed window of target ``name``: the A/B comparisons it completes, as findings."""
+        if self.ab is not None:
+            self.analyzer.add_ab(self.ab.add(name, w))
+
+    def _loads(self) -> list[Load]:
+        return [ld for ld in (self.load, *(p.load for p in self.peers)) if ld is not None]
 
     @property
     def run_id(self) -> str:
@@ -143,11 +184,12 @@ class Runtime:
             log.info("stop_requested", reason=reason, grace_seconds=self.config.run.grace)
             self.stop_reason = reason
             self._stop_requested.set()
-            if self.load is not None:
-                self.load.driver.stop(reason)
+            for ld in self._loads():
+                ld.driver.stop(reason)
         elif self.load is not None:
             log.warning("stop_now", reason="second signal: cancelling in-flight requests")
-            self.load.driver.cancel_all()
+            for ld in self._loads():
+                ld.driver.cancel_all()
 
     @property
     def stop_requested(self) -> bool:
@@ -160,6 +202,16 @@ class Runtime:
         if self.session.resumed:
             self.analyzer.restore(self.session.windows, self.session.baseline)
             self.status.model = self.status.model or self.session.model
+            if self.peers and self.session.store is not None:
+                earlier = await self.session.store.load_target_windows(self.run_id)
+                for p in self.peers:
+                    p.analyzer.restore(earlier.get(p.name, []), None)
+                if self.ab is not None:
+                    for w in self.session.windows:
+                        self.ab.windows[self.ab.reference][w.window] = w
+                    for p in self.peers:
+                        for w in earlier.get(p.name, []):
+                            self.ab.windows[p.name][w.window] = w
         try:
             await self.web.start()
         except OSError as exc:
@@ -184,6 +236,15 @@ class Runtime:
                 log.info("soakd_finished", run_id=self.run_id, stop_reason=reason, requests_measured=0)
                 return self._outcome(reason)
             self.status.model = model
+            for p in self.peers:
+                p.model = await resolve_model(p.client, p.cfg, p.cfg.model, has_key=bool(p.client.headers.get(
+                    "Authorization")), stop=self._stop_requested, give_up_after=cfg.run.duration)
+                if p.model is None:
+                    self.status.phase = "done"
+                    reason = self.stop_reason or "target_unreachable"
+                    log.info("soakd_finished", run_id=self.run_id, stop_reason=reason, target=p.name,
+                             requests_measured=0)
+                    return self._outcome(reason)
             await self.session.start(model, self._server_kind())
             duration_left = cfg.run.duration - self.session.elapsed_before
             if self.session.resumed and duration_left <= 0.5:
@@ -193,7 +254,7 @@ class Runtime:
             self._build_load(model, duration_left)
             assert self.load is not None
             self._add_load_jobs(scheduler)
-            await self.load.driver.run(grace=cfg.run.grace)
+            await asyncio.gather(*(ld.driver.run(grace=cfg.run.grace) for ld in self._loads()))
             if self.quiesce is not None:  # a quiesce probe still holding the (finished) load
                 await self.quiesce.cancel()
             self.stop_reason = self.stop_reason or self.load.driver.stop_reason
@@ -202,6 +263,10 @@ class Runtime:
             self.status.tick(now)
             self.load.recorder.account_outage(now)
             self.pipeline.submit(self.load.windows.close_due(now, final=True))
+            for p in self.peers:
+                if p.load is not None:
+                    p.load.recorder.account_outage(now)
+                    self.peer_pipeline.submit(p, p.load.windows.close_due(now, final=True))
             return await self._finish(self.stop_reason)
         finally:
             scheduler.shutdown(wait=False)
@@ -214,6 +279,8 @@ class Runtime:
                 sys.stderr.write("\n")
                 sys.stderr.flush()
             await self.client.close()
+            for p in self.peers:
+                await p.client.close()
             await self.heartbeat.stop()
             await self.web.stop()
             await self.session.close()
@@ -229,8 +296,15 @@ class Runtime:
                             first_index=self.session.first_window)
         windows = WindowSet(timeline, confidence=cfg.analysis.drift.confidence,
                             patience=self.policies.close_patience, clock=clock, client=cfg.analysis.client)
-        # soakd's own health into its windows: every heartbeat of the loop, the cgroup's throttling
-        self.heartbeat.on_beat = lambda _t, lag, cpu: windows.add_lag(clock.monotonic(), lag, cpu)
+        # soakd's own health into its windows (every target's): every heartbeat of the loop
+        all_windows = [windows]
+
+        def on_beat(_t: float, lag: float, cpu: float) -> None:
+            now = clock.monotonic()
+            for ws in all_windows:
+                ws.add_lag(now, lag, cpu)
+
+        self.heartbeat.on_beat = on_beat
         windows.segment = self.session.segment
         recorder = Recorder(self.metrics, windows, clock, slos=self.slos)
         recorder.on_target_change(self.status.target_changed)
@@ -242,6 +316,17 @@ class Runtime:
         driver = LoadDriver(cfg.load, self.client, workload, recorder, timeline, max_requests=cfg.run.max_requests,
                             seed=cfg.run.seed, clock=clock)
         self.load = self.status.load = Load(timeline, windows, recorder, driver)
+        for p in self.peers:  # the same timeline and seed: the same traffic at the same moments
+            assert p.model is not None
+            pw = WindowSet(timeline, confidence=cfg.analysis.drift.confidence, patience=self.policies.close_patience,
+                           clock=clock, client=cfg.analysis.client)
+            pw.segment = self.session.segment
+            all_windows.append(pw)
+            prec = Recorder(p.metrics, pw, clock, slos=self.slos)
+            prec.set_target_up(True)
+            pdrv = LoadDriver(cfg.load, p.client, Workload(self.scenarios, cfg.load.mix, p.model, cfg.run.seed), prec,
+                              timeline, max_requests=cfg.run.max_requests, seed=cfg.run.seed, clock=clock)
+            p.load = Load(timeline, pw, prec, pdrv)
         self.telemetry.attach(windows, lambda: driver.paused)
         if cfg.analysis.canary.enabled:
             canary = Canary(cfg.analysis.canary, self.client, model, reference=self.session.canary_reference)
@@ -265,7 +350,20 @@ class Runtime:
     async def _finish(self, reason: str) -> RunOutcome:
         """The last windows, the verdict, the end of the segment (and of the run), the reports."""
         await self.pipeline.drain()
+        await self.peer_pipeline.drain()
+        if self.ab is not None:  # the run-level A/B comparison: part of the reference's verdict
+            run_ab = self.ab.run_results()
+            self.analyzer.ab_run = [r.to_dict() for r in run_ab]
+            self.analyzer.add_ab(run_ab)
         verdict = self.analyzer.verdict().to_dict()
+        if self.peers:  # each target judged against its own baseline too
+            verdict["targets"] = {}
+            for p in self.peers:
+                pv = p.analyzer.verdict()
+                verdict["targets"][p.name] = {"result": pv.result, "reasons": pv.reasons}
+                verdict["reasons"] += [f"[{p.name}] {r}" for r in pv.reasons]
+            if verdict["reasons"]:
+                verdict["passed"], verdict["result"] = False, "FAIL"
         await self.events.flush()  # the end-of-run findings
         if self.session.store is not None:
             await self.session.add_samples(self.telemetry.take_pending())
@@ -356,6 +454,13 @@ class Runtime:
         ld.recorder.account_outage(now)
         self.pipeline.submit(ld.windows.close_due(now))
         await self.pipeline.drain()
+        for p in self.peers:
+            if p.load is not None:
+                p.load.recorder.account_outage(now)
+                self.peer_pipeline.submit(p, p.load.windows.close_due(now))
+        if self.peers:
+            await self.peer_pipeline.drain()
+            await self.events.flush()
 
     async def _cgroup(self) -> None:
         """CFS throttling of soakd's own cgroup since the last second, into the open window."""

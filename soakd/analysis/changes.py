@@ -83,10 +83,11 @@ __all__ = [
 Tier = Literal["confident", "likely"]
 
 
-def live_z(cfg: DriftConfig, planned_windows: int) -> float:
-    """The live comparisons' z: Bonferroni over metrics x planned windows x 2 references, two-sided."""
+def live_z(cfg: DriftConfig, planned_windows: int, references: int = 2) -> float:
+    """The live comparisons' z: Bonferroni over metrics x planned windows x references (the baseline
+    and the previous window; in an A/B run also each candidate against the reference), two-sided."""
     alpha = 1.0 - cfg.confidence
-    family = max(1, len(cfg.metrics)) * max(1, planned_windows) * 2
+    family = max(1, len(cfg.metrics)) * max(1, planned_windows) * max(1, references)
     return NormalDist().inv_cdf(1.0 - alpha / (2.0 * family))
 
 

@@ -55,7 +55,7 @@ from soakd.core.tracked import METRICS
 __all__ = ["DIAGNOSES", "TROUBLESHOOTING", "Finding", "diagnose"]
 
 Window = WindowSummary
-Kind = Literal["drift", "leak", "throttle", "canary", "errors", "freeze", "target"]
+Kind = Literal["drift", "leak", "throttle", "canary", "errors", "freeze", "target", "ab"]
 Severity = Literal["info", "warning", "critical"]
 
 # diagnosis -> (what is seen, what to check): the method's troubleshooting table, for the report.

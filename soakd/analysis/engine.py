@@ -93,6 +93,7 @@ class Verdict:
     drift: dict[str, Any] = field(default_factory=dict)  # the end-of-run judgement (changes.RunDrift)
     leaks: list[dict[str, Any]] = field(default_factory=list)
     periodic: dict[str, Any] | None = None  # periodic drops on the per-minute series (analysis.periodic)
+    ab: list[dict[str, Any]] | None = None  # A/B runs: each candidate against the reference over the run
 
     @property
     def result(self) -> str:
@@ -112,16 +113,20 @@ class Verdict:
             "drift": self.drift,
             "leaks": self.leaks,
             "periodic": self.periodic,
+            **({"ab": self.ab} if self.ab is not None else {}),
         }
 
 
 class Analyzer:
     def __init__(self, config: AnalysisConfig, on_event: EventSink | None = None, baseline: Window | None = None,
-                 history: WindowHistory | None = None, planned_windows: int | None = None) -> None:
+                 history: WindowHistory | None = None, planned_windows: int | None = None,
+                 candidates: int = 0) -> None:
         self.cfg = config
-        # the live comparisons' family: metrics x windows x 2 references (changes.live_z)
+        # the live comparisons' family: metrics x windows x 2 references (changes.live_z), and in an A/B
+        # run also each of the ``candidates`` against the reference (soakd.analysis.ab): one family
         self.planned_windows = max(1, planned_windows or 48)
-        self.z_live = changes_mod.live_z(config.drift, self.planned_windows)
+        self.candidates = candidates
+        self.z_live = changes_mod.live_z(config.drift, self.planned_windows, 2 + candidates)
         self.pool: list[Window] = [baseline] if baseline is not None else []
         self.series: dict[str, list[levels_mod.Level]] = {m: [] for m in config.drift.metrics}
         self.detectable: dict[str, float] = {}  # metric -> the smallest confident change of one window
@@ -139,6 +144,7 @@ class Analyzer:
         self.findings: list[dict[str, Any]] = []
         self.finding_counts: dict[tuple[str, str], int] = {}
         self.failing: list[str] = []
+        self.ab_run: list[dict[str, Any]] | None = None  # A/B: the run-level comparisons (set by the runtime)
         self.canary_checks = self.canary_mismatches = self.canary_errors = 0
         self.quiesce_probes = 0
         self.last_quiesce: QuiesceProbe | None = None
@@ -385,6 +391,18 @@ class Analyzer:
             return None
         return f"{kind}: {f.diagnosis} (window {f.window})"
 
+    def add_ab(self, results: list[Any]) -> None:
+        """A/B comparisons (``soakd.analysis.ab.AbResult``) into this, the reference target's analysis:
+        a *confident* worse one is a critical finding of kind ``ab`` (failing the run by default), a
+        likely or better one is info."""
+        for r in results:
+            if r.tier is None:
+                continue
+            worse = r.tier == "confident" and r.direction == "worse"
+            self._finding(Finding(kind="ab", diagnosis=f"{r.tier} A/B {'difference' if r.direction != 'worse' else 'regression'}",
+                                  severity="critical" if worse else "info", message=r.message(),
+                                  evidence={"tier": r.tier, **r.to_dict()}, window=r.window))
+
     def finish(self) -> changes_mod.RunDrift:
         """The end of the run: change points, segment changes and trends over every full window
         (``changes.judge_run``); their findings are emitted once. Idempotent."""
@@ -442,4 +460,5 @@ class Analyzer:
         v.drift = rd.to_dict()
         v.periodic = self.periodic.to_dict() if self.periodic is not None else None
         v.leaks = [lk.to_dict() for lk in self.leaks.values() if lk.status != "no_data"]
+        v.ab = self.ab_run
         return v

@@ -6,6 +6,7 @@ the configuration from here, never the other way round.
 """
 
 from soakd.config.analysis import (
+    AbConfig,
     AnalysisConfig,
     CanaryConfig,
     ClientConfig,
@@ -26,6 +27,7 @@ from soakd.config.model import (
     LoadConfig,
     LogConfig,
     MetricsConfig,
+    NamedTargetConfig,
     NvmlSamplerConfig,
     RunConfig,
     RunPolicies,
@@ -45,6 +47,7 @@ from soakd.config.sim import SimConfig, SimDeviceConfig, SimFaults
 __all__ = [
     "BUILTIN_SCENARIOS",
     "ENV_PREFIX",
+    "AbConfig",
     "AnalysisConfig",
     "BatchConfig",
     "CanaryConfig",
@@ -58,6 +61,7 @@ __all__ = [
     "LoadConfig",
     "LogConfig",
     "MetricsConfig",
+    "NamedTargetConfig",
     "NvmlSamplerConfig",
     "QuiesceConfig",
     "RunConfig",

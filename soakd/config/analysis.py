@@ -309,8 +309,8 @@ class ClientConfig(_Model):
 
 
 class VerdictConfig(_Model):
-    fail_on: list[Literal["drift", "leak", "throttle", "errors", "canary", "freeze", "target"]] = Field(
-        default_factory=lambda: ["drift", "leak", "throttle", "errors", "canary", "freeze"],
+    fail_on: list[Literal["drift", "leak", "throttle", "errors", "canary", "freeze", "target", "ab"]] = Field(
+        default_factory=lambda: ["drift", "leak", "throttle", "errors", "canary", "freeze", "ab"],
         description="Finding kinds that fail the run (exit code 1).",
     )
     error_budget: float = Field(
@@ -325,6 +325,12 @@ class VerdictConfig(_Model):
     )
 
 
+class AbConfig(_Model):
+    """A/B runs (``targets:``): every candidate against the reference, window by window."""
+
+    reference: str | None = Field(None, description="The reference target's name (default: the first of targets).")
+
+
 class AnalysisConfig(_Model):
     drift: DriftConfig = Field(default_factory=DriftConfig)
     leak: LeakConfig = Field(default_factory=LeakConfig)
@@ -334,6 +340,7 @@ class AnalysisConfig(_Model):
     canary: CanaryConfig = Field(default_factory=CanaryConfig)
     client: ClientConfig = Field(default_factory=ClientConfig)
     verdict: VerdictConfig = Field(default_factory=VerdictConfig)
+    ab: AbConfig = Field(default_factory=AbConfig)
     baseline: Path | None = Field(
         None, description="An earlier run's JSON report (or its windows) to use as the baseline instead of the "
         "first full window of this run."

@@ -99,6 +99,19 @@ class TargetConfig(_Model):
         return v
 
 
+class NamedTargetConfig(TargetConfig):
+    """One system of an A/B run (``targets:``): a target with the name its series carry."""
+
+    name: str = Field(..., description="The target label of its series, e.g. h100 or mi300x (lower_snake_case).")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError(f"target name {v!r} must be lower_snake_case (a Prometheus label value)")
+        return v
+
+
 class SourceConfig(_Model):
     type: Literal["synthetic", "jsonl", "sharegpt"] = Field(
         "synthetic",
@@ -401,6 +414,10 @@ class BatchConfig(_Model):
 
 class SoakConfig(_Model):
     target: TargetConfig = Field(default_factory=TargetConfig)
+    targets: list[NamedTargetConfig] = Field(
+        default_factory=list, description="Several targets in one run (A/B: the same traffic to each at the same "
+        "time); the first is the reference unless analysis.ab.reference names another. Replaces target.",
+    )
     run: RunConfig = Field(default_factory=RunConfig)
     load: LoadConfig = Field(default_factory=LoadConfig)
     scenarios: dict[str, ScenarioConfig] = Field(
@@ -445,6 +462,7 @@ class SoakConfig(_Model):
         if self.target.api_key_env and self.target.api_key_file:
             problems.append("target: set api_key_env or api_key_file, not both")
         problems += self._sweep_problems()
+        problems += self._target_problems()
         if problems:
             raise ValueError("\n".join(problems))
         drift = self.analysis.drift
@@ -452,6 +470,27 @@ class SoakConfig(_Model):
             drift.metrics = [*drift.metrics, "goodput_ratio"]  # an SLO is tracked like any metric
             drift.model_fields_set.discard("metrics")
         return self
+
+    def _target_problems(self) -> list[str]:
+        out = []
+        seen: dict[str, int] = {}
+        for i, t in enumerate(self.targets):
+            if t.name in seen:
+                out.append(f"targets[{i}].name: {t.name!r} is the name of targets[{seen[t.name]}] too: names must be unique")
+            seen.setdefault(t.name, i)
+        if self.targets and self.target.model_fields_set:
+            out.append("target: set target (one system) or targets (several), not both")
+        ref = self.analysis.ab.reference
+        if ref is not None and ref not in {t.name for t in self.target_list()}:
+            out.append(f"analysis.ab.reference: {ref!r} is not a target; targets: {[t.name for t in self.target_list()]}")
+        return out
+
+    def target_list(self) -> list[NamedTargetConfig]:
+        """The run's targets, the reference first: ``targets``, or ``target`` named main."""
+        if not self.targets:
+            return [NamedTargetConfig(name="main", **self.target.model_dump())]
+        ref = self.analysis.ab.reference or self.targets[0].name
+        return sorted(self.targets, key=lambda t: t.name != ref)
 
     def _sweep_problems(self) -> list[str]:
         sw = self.sweep
@@ -491,21 +530,23 @@ class SoakConfig(_Model):
                 if sc.slo is not None and self.load.mix.get(name, 0) > 0}
 
     # ---- secrets -----------------------------------------------------------------------
-    def api_key(self) -> str | None:
-        """Read the API key from its env var or file. Raises ConfigError when it is configured but absent."""
-        t = self.target
+    def api_key(self, target: TargetConfig | None = None) -> str | None:
+        """Read the API key (of ``target``, default the first target) from its env var or file.
+        Raises ConfigError when it is configured but absent."""
+        t = target if target is not None else self.target_list()[0]
+        where = "target" if not self.targets else f"targets[{getattr(t, 'name', '?')}]"
         if t.api_key_env:
             key = os.environ.get(t.api_key_env)
             if not key:
-                raise ConfigError([f"target.api_key_env: environment variable {t.api_key_env} is not set or empty"])
+                raise ConfigError([f"{where}.api_key_env: environment variable {t.api_key_env} is not set or empty"])
             return key.strip()
         if t.api_key_file:
             try:
                 key = t.api_key_file.read_text(encoding="utf-8").strip().splitlines()[0].strip()
             except (OSError, IndexError) as exc:
-                raise ConfigError([f"target.api_key_file: cannot read an API key from {t.api_key_file}: {exc}"]) from None
+                raise ConfigError([f"{where}.api_key_file: cannot read an API key from {t.api_key_file}: {exc}"]) from None
             if not key:
-                raise ConfigError([f"target.api_key_file: {t.api_key_file} is empty"])
+                raise ConfigError([f"{where}.api_key_file: {t.api_key_file} is empty"])
             return key
         return None
 

@@ -4,6 +4,7 @@ scrape time (no I/O) and turns it into the catalogue's analysis families."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client.core import Metric
 
@@ -12,7 +13,21 @@ from soakd.analysis.engine import LEAK_SOURCES_BYTES, Analyzer
 from soakd.core.reasons import CLOCKS_EVENT_REASON_NAMES
 from soakd.metrics import BY_NAME
 
-FINDING_KINDS = ("drift", "leak", "throttle", "canary", "errors", "freeze", "target")
+FINDING_KINDS = ("drift", "leak", "throttle", "canary", "errors", "freeze", "target")  # and ab in A/B runs
+
+
+class AbExporter:
+    """``soakd_ab_ratio{metric,target}``: each candidate's last window against the reference's
+    (absent where the pair had no eligible window: a reference that is down gives no ratio)."""
+
+    def __init__(self, judge: Any) -> None:
+        self.judge = judge
+
+    def __call__(self) -> Iterator[Metric]:
+        fam = BY_NAME["soakd_ab_ratio"].family()
+        for (metric, cand), r in sorted(self.judge.last.items()):
+            fam.add_metric([metric, cand], r.ratio)
+        yield fam
 
 
 class AnalysisExporter:
@@ -119,7 +134,7 @@ class AnalysisExporter:
             c.add_metric([], float(value))
             yield c
         fc = BY_NAME["soakd_findings_total"].family()
-        for kind in FINDING_KINDS:
+        for kind in FINDING_KINDS + (("ab",) if a.candidates else ()):
             for sev in ("warning", "critical"):
                 fc.add_metric([kind, sev], float(a.finding_counts.get((kind, sev), 0)))
         yield fc

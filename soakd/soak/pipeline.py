@@ -15,6 +15,7 @@ analysis keeps the judgement it made when the window closed on time.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import structlog
 
@@ -28,8 +29,10 @@ log = structlog.get_logger("soakd")
 
 
 class WindowPipeline:
-    def __init__(self, session: RunSession, analyzer: Analyzer, events: EventLog, metrics: SoakMetrics) -> None:
+    def __init__(self, session: RunSession, analyzer: Analyzer, events: EventLog, metrics: SoakMetrics,
+                 on_window: Callable[[WindowSummary], None] | None = None) -> None:
         self.session = session
+        self.on_window = on_window  # after the analysis (A/B runs: the reference's window to the judge)
         self.analyzer = analyzer
         self.events = events
         self.metrics = metrics
@@ -58,6 +61,8 @@ class WindowPipeline:
         an.add_window(w)
         if not had_baseline and an.baseline is w and self.session.store is not None:
             await self.session.set_baseline(w)
+        if self.on_window is not None:
+            self.on_window(w)
         await self.events.flush()
         self.metrics.windows_closed.inc(())
         drift = [f"{r.metric}/{r.reference} {r.ratio:+.1%} ({r.status})"

@@ -188,6 +188,15 @@ class RunStore:
     async def set_verdict(self, run_id: str, verdict: Mapping[str, Any]) -> None:
         await self._call(self._w.set_verdict, run_id, to_json(verdict), time.time())
 
+    # ---- A/B: the windows of the targets after the first
+    async def save_target_window(self, run_id: str, target: str, summary: WindowSummary | Mapping[str, Any]) -> None:
+        doc = _doc(summary)
+        await self._call(self._w.save_target_window, run_id, target, int(doc["window"]), to_json(doc), time.time())
+
+    async def load_target_windows(self, run_id: str) -> dict[str, list[WindowSummary]]:
+        """target -> its windows in index order (A/B runs; the reference's are load_windows)."""
+        return await self._call(self._w.load_target_windows, run_id)
+
     # ---- batches (soakd batch: resumable accounting of an OpenAI batch input file)
     async def create_batch(self, batch_id: str, input_path: str, input_sha256: str, target: str | None,
                            config: Mapping[str, Any]) -> None:

@@ -171,6 +171,18 @@ _V4 = (
 )
 BATCH_ITEM_STATES = ("done", "failed", "invalid")
 
+_V5 = (
+    # A/B runs: the windows of the targets after the first (the reference's are in windows)
+    """CREATE TABLE target_windows (
+        run_id       TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+        target       TEXT NOT NULL,
+        idx          INTEGER NOT NULL,
+        summary_json TEXT NOT NULL,
+        saved_unix   REAL NOT NULL,
+        PRIMARY KEY (run_id, target, idx)
+    ) WITHOUT ROWID""",
+)
+
 
 def _migrate_to_v1(conn: sqlite3.Connection) -> None:
     for stmt in _V1:
@@ -192,8 +204,13 @@ def _migrate_to_v4(conn: sqlite3.Connection) -> None:
         conn.execute(stmt)
 
 
+def _migrate_to_v5(conn: sqlite3.Connection) -> None:
+    for stmt in _V5:
+        conn.execute(stmt)
+
+
 MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_migrate_to_v1, _migrate_to_v2, _migrate_to_v3,
-                                                                 _migrate_to_v4)
+                                                                 _migrate_to_v4, _migrate_to_v5)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -8,6 +8,7 @@ into each other's internals."""
 from __future__ import annotations
 
 import errno
+import json
 import math
 import os
 import sqlite3
@@ -508,6 +509,23 @@ class Writer:
     def flush(self) -> None:
         self._flush_samples(lambda key: True)
         self.retry_pending()
+
+    # ---- A/B: the other targets' windows
+    def save_target_window(self, run_id: str, target: str, idx: int, summary_json: str, t: float) -> None:
+        def fn(conn: sqlite3.Connection) -> None:
+            conn.execute("INSERT INTO target_windows (run_id, target, idx, summary_json, saved_unix) "
+                         "VALUES (?, ?, ?, ?, ?) ON CONFLICT (run_id, target, idx) DO UPDATE SET "
+                         "summary_json = excluded.summary_json, saved_unix = excluded.saved_unix",
+                         (run_id, target, idx, summary_json, t))
+
+        self.write(_Op("window", run_id, t, fn))
+
+    def load_target_windows(self, run_id: str) -> dict[str, list[WindowSummary]]:
+        out: dict[str, list[WindowSummary]] = {}
+        for target, text in self._c().execute(
+                "SELECT target, summary_json FROM target_windows WHERE run_id = ? ORDER BY target, idx", (run_id,)):
+            out.setdefault(str(target), []).append(WindowSummary.load(json.loads(text)))
+        return out
 
     # ---- batches (soakd batch)
     def create_batch(self, batch_id: str, input_path: str, sha: str, target: str | None, config_json: str,

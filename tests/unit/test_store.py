@@ -341,7 +341,7 @@ async def test_a_store_written_by_schema_v1_migrates_and_keeps_its_data(tmp_path
     build_v1(tmp_path / "old")
     store = await RunStore.open(tmp_path / "old")
     try:
-        assert store.migrated == [2, 3, 4]
+        assert store.migrated == [2, 3, 4, 5]
         assert await store._execute("PRAGMA user_version") == [(SCHEMA_VERSION,)]
         run = await store.latest_unfinished_run()
         assert run is not None and (run.id, run.last_window, run.windows, run.segments) == ("old", 1, 2, 1)

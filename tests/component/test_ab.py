@@ -1,0 +1,99 @@
+"""A/B soaks: two simulators under one workload in one run. Against a candidate whose every delay
+is 10% longer, soakd reports the e2e ratio within its interval and fails the run with an ``ab``
+finding; against an identical candidate (A/A) it reports no difference. Every client-side and
+analysis series carries the target's name; ``soakd_ab_ratio`` is the candidate's against the
+reference. Bad target lists are clear errors."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from soakd.config import ConfigError, load_config
+from soakd.runtime import Runtime
+from soakd.store import StoreReader
+from helpers import sim_server
+
+pytestmark = pytest.mark.timeout(120)
+
+BASE = {"ttft_base": 0.02, "tpot_base": 0.01, "tpot_per_batch": 0, "ttft_per_prompt_token": 0, "jitter": 0.1}
+LAX_CLIENT = {"max_stall_share": 1.0, "max_lag": 3600, "max_throttled_share": 1.0}
+
+
+def ab_config(ref_url: str, cand_url: str, state: Path, **analysis: Any) -> Any:
+    return load_config(None, {
+        "targets": [{"name": "ref", "url": ref_url}, {"name": "cand", "url": cand_url}],
+        "run": {"duration": 25.0, "window": 3.0, "warmup": 1.0, "state_dir": str(state), "seed": 5},
+        "load": {"concurrency": 8, "mix": {"short_chat": 1}},
+        "scenarios": {"short_chat": {"max_tokens": 16, "extra_body": {"ignore_eos": True}}},
+        "analysis": {"quiesce": {"enabled": False}, "canary": {"enabled": False}, "client": LAX_CLIENT,
+                     "drift": {"baseline_windows": 2}, **analysis},
+        "samplers": {"server": {"url": "none"}, "nvml": {"mode": "off"}},
+        "metrics": {"host": "127.0.0.1", "port": 0},
+    }, environ={})  # fmt: skip
+
+
+async def soak(cfg: Any) -> tuple[Runtime, dict[str, Any]]:
+    runtime = Runtime(cfg, progress=False, new_run=True)
+    out = await asyncio.wait_for(runtime.run(), 90)
+    assert out.verdict is not None
+    return runtime, out.verdict
+
+
+def run_ab(verdict: dict[str, Any], metric: str) -> dict[str, Any]:
+    return next(r for r in verdict["ab"] if r["metric"] == metric and r["target"] == "cand")
+
+
+async def test_a_candidate_ten_percent_slower_is_measured_and_fails(tmp_path: Path) -> None:
+    slow = {k: v * 1.1 for k, v in BASE.items() if k in ("ttft_base", "tpot_base")}
+    async with sim_server(**BASE) as ref, sim_server(**{**BASE, **slow}) as cand:
+        runtime, verdict = await soak(ab_config(ref.base_url, cand.base_url, tmp_path))
+        ref_n, cand_n = len(ref.recent), len(cand.recent)
+    e2e = run_ab(verdict, "e2e_p50")
+    print("\nA/B +10%: " + "; ".join(f"{r['metric']} {r['ratio']:+.3f} [{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}] {r['tier']}"
+                                     for r in verdict["ab"]))
+    assert e2e["windows"] >= 5 and e2e["ci"][0] <= 0.10 <= e2e["ci"][1], e2e  # the truth within its interval
+    assert 0.05 < e2e["ratio"] < 0.16 and e2e["direction"] == "worse", e2e
+    assert e2e["tier"] in ("confident", "likely"), e2e
+    assert verdict["result"] == "FAIL" and any(r.startswith("ab: ") for r in verdict["reasons"]), verdict["reasons"]
+    assert ref_n > 100 and cand_n > 100  # both targets were soaked
+    # the series: each target's own client-side and analysis series, and the candidate's ratio
+    fams = {f.name: f for f in runtime.registry.collect()}
+    targets = {s.labels.get("target") for s in fams["soakd_requests"].samples}
+    assert targets == {"ref", "cand"}
+    assert {s.labels.get("target") for s in fams["soakd_window_value"].samples} == {"ref", "cand"}
+    ratios = {s.labels["metric"]: s.value for s in fams["soakd_ab_ratio"].samples if s.labels["target"] == "cand"}
+    assert 0.0 < ratios["e2e_p50"] < 0.25, ratios
+    # the store: the reference's windows as a run's, the candidate's beside them, ab findings
+    with StoreReader(tmp_path) as reader:
+        run = reader.list_runs()[0]
+        assert len(reader.load_windows(run.id)) >= 8
+        assert len(reader.load_target_windows(run.id)["cand"]) >= 8
+        kinds = {e.kind for e in reader.load_events(run.id)}
+    assert "ab" in kinds
+
+
+async def test_a_and_a_report_no_difference(tmp_path: Path) -> None:
+    async with sim_server(**BASE) as a, sim_server(**BASE) as b:
+        _runtime, verdict = await soak(ab_config(a.base_url, b.base_url, tmp_path))
+    print("\nA/A: " + "; ".join(f"{r['metric']} {r['ratio']:+.3f} [{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}] {r['tier']}"
+                                for r in verdict["ab"]))
+    for metric in ("e2e_p50", "ttft_p50", "requests_per_second"):
+        r = run_ab(verdict, metric)
+        assert r["tier"] != "confident" and r["ci"][0] < 0.05 and r["ci"][1] > -0.05, r
+    assert not any(r.startswith("ab: ") for r in verdict["reasons"]), verdict["reasons"]
+
+
+def test_bad_target_lists_are_clear_errors() -> None:
+    two = [{"name": "a", "url": "http://127.0.0.1:1/v1"}, {"name": "a", "url": "http://127.0.0.1:2/v1"}]
+    with pytest.raises(ConfigError, match=r"targets\[1\]\.name: 'a' is the name of targets\[0\] too"):
+        load_config(None, {"targets": two}, environ={})
+    with pytest.raises(ConfigError, match="set target .* or targets"):
+        load_config(None, {"target": {"url": "http://127.0.0.1:3/v1"}, "targets": two[:1]}, environ={})
+    with pytest.raises(ConfigError, match="analysis.ab.reference: 'x' is not a target"):
+        load_config(None, {"targets": two[:1], "analysis": {"ab": {"reference": "x"}}}, environ={})
+    with pytest.raises(ConfigError, match="lower_snake_case"):
+        load_config(None, {"targets": [{"name": "Bad Name", "url": "http://127.0.0.1:1/v1"}]}, environ={})
