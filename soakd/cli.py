@@ -1,4 +1,4 @@
-"""Command line: ``soakd run | sweep | batch | sim | demo | check | report | metrics``.
+"""Command line: ``soakd run | sweep | batch | compare | sim | demo | check | report | metrics``.
 
 Exit codes: 0 success, 1 failure, 2 usage or configuration error, 3 inconclusive.
 
@@ -222,6 +222,28 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return EXIT_FAIL
     _write_sweep(outcome.document, args)
     return EXIT_OK if outcome.document.get("knee") is not None else EXIT_FAIL
+
+
+# ---- compare -----------------------------------------------------------------------------------
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """``soakd compare A/report.json B/report.json``: B against A as an A/B run is judged."""
+    from soakd.report.compare import CompareError, compare_reports, format_compare
+
+    try:
+        cfg = _load(args, args.config) if args.config else None
+        doc = compare_reports(args.a, args.b, cfg.analysis if cfg is not None else None)
+    except ConfigError as exc:
+        return _config_error(exc)
+    except CompareError as exc:
+        sys.stderr.write(f"soakd compare: {exc}\n")
+        return EXIT_CONFIG
+    if args.json:
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        sys.stdout.write(format_compare(doc, markdown=args.markdown))
+    return EXIT_FAIL if doc["worse"] else EXIT_OK
 
 
 # ---- batch -------------------------------------------------------------------------------------
@@ -514,6 +536,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="render a stored sweep (the newest, or ID) from --state-dir instead of running one")
     p.add_argument("--print-config", action="store_true", help="print the effective configuration and exit")
     p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("compare", help="compare two runs' JSON reports as an A/B run (B against A)",
+                       description="Window k of B against window k of A and over the whole runs, per tracked metric, "
+                       "with intervals (the A/B judgement of soakd.analysis.ab). Exit 1 when B is confidently worse.")
+    p.add_argument("a", type=Path, help="the reference run's report.json")
+    p.add_argument("b", type=Path, help="the candidate run's report.json")
+    p.add_argument("-c", "--config", type=Path, help="YAML configuration whose analysis: section applies")
+    p.add_argument("--json", action="store_true", help="the comparison as JSON")
+    p.add_argument("--markdown", action="store_true", help="the table as Markdown")
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("batch", help="send an OpenAI Batch API input file and account for every line",
                        description="Send an OpenAI Batch API input file (JSONL: custom_id, method, url, body) with "

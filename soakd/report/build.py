@@ -204,6 +204,9 @@ def _verdict_section(run: Any) -> dict[str, Any]:
         "leaks": list(v.get("leaks") or []),
         "periodic": v.get("periodic"),
     }
+    for key in ("ab", "targets"):  # A/B runs only
+        if v.get(key) is not None:
+            out[key] = v[key]
     return out
 
 

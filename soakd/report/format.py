@@ -61,6 +61,24 @@ def load_text(load: dict[str, Any]) -> str:
     return f"{head}; mix {mix_s}"
 
 
+AB_HEAD = ["candidate", "metric", "reference", "candidate value", "change", "interval", "windows", "verdict"]
+
+
+def ab_rows(report: dict[str, Any]) -> list[list[str]]:
+    """A/B runs: each candidate against the reference over the run (the verdict's ``ab``)."""
+    from soakd.core.tracked import METRICS
+
+    out = []
+    for r in report["verdict"].get("ab") or []:
+        absolute = METRICS[r["metric"]].absolute if r["metric"] in METRICS else False
+        pct = (lambda x: f"{x * 100:+.1f}pp") if absolute else (lambda x: f"{x * 100:+.1f}%")
+        fmt = _metric_formatter(r["metric"])
+        out.append([r["target"], r["metric"], fmt(r.get("reference_value")), fmt(r.get("value")), pct(r["ratio"]),
+                    f"{pct(r['ci'][0])}..{pct(r['ci'][1])}", str(r["windows"]),
+                    f"{r['tier']} {r['direction']}" if r.get("tier") else "no difference"])
+    return out
+
+
 def table_columns(rows: Sequence[dict[str, Any]] = ()) -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
     """The per-window table's columns (a goodput column where a window had requests under an SLO)."""
     cols = [

@@ -9,9 +9,11 @@ from html import escape
 from typing import Any
 
 from soakd.report.format import (
+    AB_HEAD,
     ISSUE_KINDS,
     QUIESCE_HEAD,
     STABILITY_HEAD,
+    ab_rows,
     charts,
     fmt_duration,
     fmt_num,
@@ -123,6 +125,13 @@ def render_html(report: dict[str, Any]) -> str:
         P.append(empty_chart("No windows", "no window was closed"))
 
     # per-window table
+    ab = ab_rows(report)
+    if ab:
+        P.append("<h2>A/B</h2>")
+        P.append("<p>Each candidate against the reference <b>" + _h(report["verdict"]["ab"][0]["reference"])
+                 + "</b> over every window both had eligible (paired differences, Student-t interval).</p>")
+        P.append("<table><tr>" + "".join(f"<th>{_h(c)}</th>" for c in AB_HEAD) + "</tr>"
+                 + "".join("<tr>" + "".join(f"<td>{_h(c)}</td>" for c in r) + "</tr>" for r in ab) + "</table>")
     P.append("<h2>Windows</h2>")
     cols = table_columns(report["table"])
     if report["table"]:

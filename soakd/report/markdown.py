@@ -8,9 +8,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from soakd.report.format import (
+    AB_HEAD,
     ISSUE_KINDS,
     QUIESCE_HEAD,
     STABILITY_HEAD,
+    ab_rows,
     fmt_duration,
     fmt_num,
     fmt_pct,
@@ -93,6 +95,18 @@ def render_markdown(report: dict[str, Any]) -> str:
     L.append("")
     L += _md_table(["", ""], [[f"**{k}**", val] for k, val in facts(report)])
     L.append("")
+
+    ab = ab_rows(report)
+    if ab:
+        ref = report["verdict"]["ab"][0]["reference"]
+        L += ["## A/B", "", f"Each candidate against the reference **{ref}** over every window both had eligible "
+              "(paired differences, Student-t interval; soakd.analysis.ab).", ""]
+        L += _md_table(AB_HEAD, ab)
+        targets = report["verdict"].get("targets") or {}
+        if targets:
+            L += [""] + [f"- **{name}** against its own baseline: {t['result']}"
+                         + (f" ({'; '.join(t['reasons'])})" if t["reasons"] else "") for name, t in targets.items()]
+        L.append("")
 
     L += ["## Windows", ""]
     cols = table_columns(report["table"])

@@ -7,6 +7,7 @@ reference. Bad target lists are clear errors."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import pytest
 from soakd.config import ConfigError, load_config
 from soakd.runtime import Runtime
 from soakd.store import StoreReader
-from helpers import sim_server
+from helpers import run_soakd, sim_server
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -73,7 +74,23 @@ async def test_a_candidate_ten_percent_slower_is_measured_and_fails(tmp_path: Pa
         assert len(reader.load_windows(run.id)) >= 8
         assert len(reader.load_target_windows(run.id)["cand"]) >= 8
         kinds = {e.kind for e in reader.load_events(run.id)}
+        ref_windows = [w.dump() for w in reader.load_windows(run.id)]
+        cand_windows = [w.dump() for w in reader.load_target_windows(run.id)["cand"]]
     assert "ab" in kinds
+    md = next(tmp_path.glob("*/report.md")).read_text()
+    assert "## A/B" in md and "| cand | e2e_p50 |" in md and "confident worse" in md
+
+    # soakd compare: the same judgement offline, from two reports holding these windows
+    for name, ws in (("a", ref_windows), ("b", cand_windows)):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"run": {"id": name, "target": name, "model": "m"},
+                                                           "windows": ws}))
+    rc, out, err = await run_soakd("compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"))
+    assert rc == 1 and "B is confidently worse on" in out and "e2e_p50" in out, out + err
+    rc, out, _ = await run_soakd("compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json")
+    offline = next(r for r in json.loads(out)["run"] if r["metric"] == "e2e_p50")
+    assert offline["ratio"] == pytest.approx(e2e["ratio"]) and offline["ci"] == pytest.approx(e2e["ci"])
+    rc, out, err = await run_soakd("compare", str(tmp_path / "a.json"), str(tmp_path / "nope.json"))
+    assert rc == 2 and "cannot read a soakd JSON report" in err
 
 
 async def test_a_and_a_report_no_difference(tmp_path: Path) -> None:
