@@ -541,3 +541,50 @@ async def test_sweep_against_vllm(vllm: VllmServer, tmp_path: Path) -> None:
         assert s["latency"]["e2e_p50"]["ci"] is not None and s["latency"]["ttft_p95"]["ci"] is not None, s
     if rc == 0:
         assert doc["knee"]["level"] in doc["levels"]
+
+
+@pytest.mark.timeout(400)
+async def test_ab_soak_vllm_against_llama_cpp(vllm: VllmServer, tmp_path: Path) -> None:
+    """One A/B soak of two different systems under one workload: vLLM (the reference) and llama.cpp's
+    llama-server (the candidate), each resolving its own model. On 2 cores they share the CPU, so this
+    proves the plumbing — both soaked, both judged, the pairs compared, each target's series and windows
+    stored — and reports the ratio it saw, without asserting one."""
+    from llamacpp_server import LlamaServer
+
+    cfg = tmp_path / "ab.yaml"
+    timeouts = {"connect": "2s", "first_token": "30s", "idle": "10s", "total": "60s"}
+    validation = {"replacement_chars": False}
+    cfg.write_text(yaml.safe_dump({
+        "run": {"warmup": "5s", "window": "10s", "grace": "10s", "seed": 3},
+        "load": {"rate": 6.0, "arrival": "poisson", "max_in_flight": 32, "mix": {"short_chat": 1}},
+        "scenarios": {"short_chat": {"prompt_tokens": [64, 128], "max_tokens": 16, "extra_body": {"ignore_eos": True}}},
+        "samplers": {"interval": "1s", "nvml": {"mode": "off"}},
+        "analysis": {"quiesce": {"enabled": False}, "canary": {"enabled": False}, "drift": {"baseline_windows": 2},
+                     "client": {"max_stall_share": 1.0, "max_lag": "1h", "max_throttled_share": 1.0}},
+    }))
+    (tmp_path / "llama").mkdir()
+    async with LlamaServer(tmp_path / "llama") as llama:
+        data = yaml.safe_load(cfg.read_text())
+        data["targets"] = [
+            {"name": "vllm", "url": vllm.base_url, "timeouts": timeouts, "validation": validation},
+            {"name": "llamacpp", "url": llama.base_url, "keep_alive": False, "timeouts": timeouts,
+             "validation": validation},
+        ]
+        cfg.write_text(yaml.safe_dump(data))
+        rc, out, err = await run_soakd(
+            "run", "-c", str(cfg), "--duration", "55s", "--metrics-host", "127.0.0.1", "--metrics-port", "0",
+            "--state-dir", str(tmp_path / "state"), "--log-format", "json", "--no-progress", "--new-run",
+            timeout=240)
+    assert rc in (0, 1, 3) and "Traceback" not in err, (out + err)[-3000:]
+    with StoreReader(tmp_path / "state") as reader:
+        run = reader.list_runs()[0]
+        ref_windows = reader.load_windows(run.id)
+        cand_windows = reader.load_target_windows(run.id)["llamacpp"]
+    verdict = run.verdict or {}
+    assert len(ref_windows) >= 4 and len(cand_windows) >= 4
+    assert sum(w.ok for w in ref_windows) > 100 and sum(w.ok for w in cand_windows) > 100
+    assert "llamacpp" in (verdict.get("targets") or {}), verdict
+    ab = {r["metric"]: r for r in verdict.get("ab") or [] if r["target"] == "llamacpp"}
+    assert "e2e_p50" in ab and ab["e2e_p50"]["windows"] >= 2, verdict.get("ab")
+    print("\nA/B llama.cpp vs vLLM (2 shared cores): " + "; ".join(
+        f"{m} {r['ratio']:+.1%} [{r['ci'][0]:+.1%}, {r['ci'][1]:+.1%}] {r['tier'] or '-'}" for m, r in ab.items()))
