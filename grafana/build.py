@@ -401,6 +401,19 @@ def overview() -> dict[str, Any]:
                    "over the last hour).", "short",
                    [target(f"increase(soakd_drift_events_total{sel()}[1h])", "{{metric}}")], w=12, min_=0),
 
+        row("A/B (several targets: each candidate against the reference)"),
+        timeseries("A/B: candidate vs reference", "Each candidate target's last closed window against the reference "
+                   "target's, by metric (soakd_ab_ratio; error_rate and goodput_ratio: difference of ratios). Dashed "
+                   "lines: ±5%. Absent while the pair had no eligible window (a reference that is down gives no ratio). "
+                   "Empty in a single-target run.", "percentunit",
+                   [target(m("soakd_ab_ratio"), "{{target}} {{metric}}")], w=16, h=9, th=DRIFT_LINES,
+                   th_style="dashed", legend_calcs=("lastNotNull", "min", "max")),
+        bargauge("A/B findings", "A/B findings so far by severity (soakd_findings_total, kind ab): critical = a "
+                 "candidate confidently worse than the reference beyond the threshold, which fails the run.", "short",
+                 [target("sum by (target, severity) (" + m("soakd_findings_total", 'kind="ab"') + ")",
+                         "{{target}} {{severity}}", instant=True)],
+                 w=8, h=9, min_=0, th=thresholds((None, "green"), (1, "red"))),
+
         row("soakd itself"),
         state_timeline("Samplers", "1 while the sampler's last run succeeded (soakd_sampler_up).",
                        [target(f"soakd_sampler_up{sel()}", "{{sampler}} {{pod}}")], UP_DOWN, w=8),
@@ -562,7 +575,44 @@ def device() -> dict[str, Any]:
     )
 
 
-DASHBOARDS = {"soakd-overview.json": overview, "soakd-device.json": device}
+# ---- soakd / Sweep -----------------------------------------------------------------------------
+
+
+def sweep() -> dict[str, Any]:
+    """``soakd sweep``: the steps so far (or of the last sweep: last_over_time keeps a finished one)."""
+    last = "[1h]"
+    panels = [
+        row("Sweep (soakd sweep: the load raised step by step until the knee)"),
+        stat("Step", "Index of the sweep's current step (0 = the first level).", "none",
+             [target(f"last_over_time(soakd_sweep_step{sel()}{last})", "{{pod}}")], w=4, graph=False, decimals=0),
+        stat("Level", "The current step's load level: concurrency (closed loop) or requests per second (open loop).",
+             "none", [target(f"last_over_time(soakd_sweep_level{sel()}{last})", "{{mode}}")], w=4, graph=False),
+        stat("Knee", "The knee's load level once the sweep found it (the lowest level on the throughput plateau, or "
+             "the last before errors, an SLO or a growing queue); soakd run --load-from takes the soak's load from it.",
+             "none", [target(f"last_over_time(soakd_sweep_knee_level{sel()}{last})", "{{mode}}")], w=4, graph=False),
+        timeseries("Live throughput", "Successful requests per second while the sweep runs (the client-side "
+                   "counters): a staircase, one step per level.", "reqps",
+                   [target("sum by (job, namespace, pod) (rate(" + m("soakd_requests_total", 'outcome="ok"')
+                           + "[$__rate_interval]))", "requests/s {{pod}}")], w=12, min_=0),
+        bargauge("Throughput by level", "Successful requests per second of each finished step, by load level "
+                 "(soakd_sweep_step_requests_per_second): the knee is where it stops rising.", "reqps",
+                 [target(f"last_over_time(soakd_sweep_step_requests_per_second{sel()}{last})", "level {{level}}",
+                         instant=True)], w=12, h=8, min_=0),
+        bargauge("e2e p95 by level", "End-to-end p95 of each finished step, by load level "
+                 "(soakd_sweep_step_latency_seconds): latency beyond the knee is a queue.", "s",
+                 [target("last_over_time(" + m("soakd_sweep_step_latency_seconds", 'metric="e2e_p95"') + last + ")",
+                         "level {{level}}", instant=True)], w=12, h=8, min_=0),
+        bargauge("TTFT p95 by level", "Time-to-first-token p95 of each finished step, by load level.", "s",
+                 [target("last_over_time(" + m("soakd_sweep_step_latency_seconds", 'metric="ttft_p95"') + last + ")",
+                         "level {{level}}", instant=True)], w=12, h=8, min_=0),
+    ]
+    return dashboard(
+        "soakd-sweep", "soakd / Sweep",
+        "soakd sweep: throughput and latency by load level, and the knee (the validation method's step 6).",
+        panels, [], [])
+
+
+DASHBOARDS = {"soakd-overview.json": overview, "soakd-device.json": device, "soakd-sweep.json": sweep}
 
 
 def render(build: Any) -> str:

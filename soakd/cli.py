@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -351,12 +352,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
         sim_data.update(host="127.0.0.1", port=args.sim_port)
         if getattr(args, "demo_episodes", False):
             _demo_episodes(cfg, sim_data)
-        async with SimServer(SimConfig.model_validate(sim_data)) as sim:
+        slower = dict(sim_data, port=0, ttft_base=sim_data["ttft_base"] * 1.1, tpot_base=sim_data["tpot_base"] * 1.1)
+        async with SimServer(SimConfig.model_validate(sim_data)) as sim, contextlib.AsyncExitStack() as stack:
             nvml = None
             if cfg.samplers.nvml.mode != "off":
                 fake_pynvml.bind(sim.device)  # the soak's NVML sampler sees the simulated GPU(s)
                 nvml = fake_pynvml
             run_cfg = cfg.model_copy(update={"target": cfg.target.model_copy(update={"url": sim.base_url})})
+            if getattr(args, "ab", False):  # a second simulator, 10% slower: the candidate
+                cand = await stack.enter_async_context(SimServer(SimConfig.model_validate(slower)))
+                from soakd.config import NamedTargetConfig
+
+                run_cfg = run_cfg.model_copy(update={"targets": [
+                    NamedTargetConfig(name="reference", **run_cfg.target.model_dump()),
+                    NamedTargetConfig(name="candidate", **dict(run_cfg.target.model_dump(), url=cand.base_url))]})
             where = (f"http://{cfg.metrics.host}:{cfg.metrics.port}/metrics" if cfg.metrics.port
                      else "a free port (metrics_url in the soakd_started line)")
             sys.stdout.write(
@@ -519,6 +528,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--demo-episodes", action="store_true",
                    help="inject a thermal-throttling episode a third of the way in and a power cap two thirds in "
                         "(default: a clean run; SOAKD_SIM__FAULTS__* schedule them yourself)")
+    p.add_argument("--ab", action="store_true",
+                   help="an A/B soak: a second simulator 10%% slower on every delay as the target 'candidate' beside "
+                        "'reference' (the A/B panels, findings and report section)")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("sweep", help="raise the load step by step until the knee",

@@ -398,6 +398,9 @@ class SweepConfig(_Model):
         None, ge=0, lt=1, description="A step with more failed requests than this share is past the knee "
         "(default analysis.verdict.error_budget).")
     confidence: float = Field(0.95, gt=0.5, lt=1, description="Of the throughput and latency intervals.")
+    linger: Duration = Field(
+        0.0, ge=0, description="Keep /metrics up this long after the sweep ended, so that Prometheus scrapes its "
+        "knee (e.g. twice the scrape interval when the sweep runs as a Kubernetes Job).")
 
 
 class BatchConfig(_Model):

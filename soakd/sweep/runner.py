@@ -189,6 +189,9 @@ class SweepRunner:
             self.state.phase = "done"
             log.info("sweep_finished", sweep=self.sweep_id, reason=decision.reason, knee=doc["knee"],
                      message=decision.message)
+            if cfg.sweep.linger > 0 and not self._stop.is_set():  # /metrics stays up: the knee gets scraped
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), cfg.sweep.linger)
             return SweepOutcome(self.sweep_id, doc, decision.reason or "stopped")
         finally:
             self.state.phase = "done"

@@ -236,7 +236,7 @@ def _walk(node: Any, path: str = "") -> Iterator[tuple[str, str, Any]]:
 @pytest.fixture(scope="module")
 def dashboards() -> dict[str, dict[str, Any]]:
     found = load_dashboards()
-    assert set(found) == {"soakd-overview.json", "soakd-device.json"}, sorted(found)
+    assert set(found) == {"soakd-overview.json", "soakd-device.json", "soakd-sweep.json"}, sorted(found)
     return found
 
 
@@ -370,7 +370,7 @@ def test_drift_panels_have_threshold_lines_at_5_percent(dashboards: dict[str, di
 
 
 def test_annotations_mark_drift_throttle_and_leak_events(dashboards: dict[str, dict[str, Any]]) -> None:
-    for name in dashboards:
+    for name in ("soakd-overview.json", "soakd-device.json"):  # the soak's dashboards (not the sweep's)
         exprs = [a["expr"] for a in dashboards[name]["annotations"]["list"]]
         assert any(e.startswith("changes(soakd_drift_events_total") and e.endswith("> 0") for e in exprs), name
         assert any(e.startswith("soakd_throttle_detected") and e.endswith("== 1") for e in exprs), name
@@ -415,7 +415,7 @@ def test_kustomization_builds_the_sidecar_configmap() -> None:
     assert out.returncode == 0, out.stderr
     (cm,) = list(yaml.safe_load_all(out.stdout))
     assert cm["kind"] == "ConfigMap" and cm["metadata"]["labels"]["grafana_dashboard"] == "1"
-    assert set(cm["data"]) == {"soakd-overview.json", "soakd-device.json"}
+    assert set(cm["data"]) == {"soakd-overview.json", "soakd-device.json", "soakd-sweep.json"}
     json.loads(cm["data"]["soakd-overview.json"])
 
 

@@ -1,7 +1,7 @@
 """The dashboards and rules against a real Prometheus scraping a real soakd: no dead panels.
 
 Debian's ``prometheus`` (``make test`` installs it) runs on 127.0.0.1 with its own storage in a
-temporary directory, scrapes ``soakd demo`` (the simulator with its simulated GPU, 10-second
+temporary directory, scrapes ``soakd demo --ab`` (the simulator with its simulated GPU, and a second one as the A/B candidate, 10-second
 windows, 1-second sampling, the demo's thermal and power-cap episodes, 1% injected HTTP 500s so
 failure reasons exist) every second and evaluates deploy/prometheus/rules.yml and alerts.yml every
 second. The static scrape config adds the ``namespace`` and ``pod`` target labels that Kubernetes
@@ -50,6 +50,9 @@ PROMETHEUS = shutil.which("prometheus")
 DATA_DEADLINE = 150.0  # seconds after soakd started; all data is normally there after ~70 s
 
 
+SOAK_DASHBOARDS = ("soakd-overview.json", "soakd-device.json")  # the sweep's: test_sweep_dashboard_returns_data
+
+
 def prometheus_config(metrics_port: int) -> dict[str, Any]:
     return {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
@@ -66,7 +69,7 @@ def prometheus_config(metrics_port: int) -> dict[str, Any]:
 
 def expressions() -> list[tuple[str, str]]:
     """(where, PromQL) for every dashboard query and every rule, variables substituted."""
-    out = [(where, substitute(expr)) for dash in load_dashboards().values()
+    out = [(where, substitute(expr)) for name, dash in load_dashboards().items() if name in SOAK_DASHBOARDS
            for where, expr in dashboard_expressions(dash)]
     for rule in load_rules():
         out.append((f"rule {rule.get('alert') or rule.get('record')}", rule["expr"].strip()))
@@ -144,7 +147,8 @@ async def test_every_dashboard_and_rule_expression_returns_data(tmp_path: Path) 
 
     exprs = expressions()
     recorded = [r["record"] for r in load_rules() if "record" in r]
-    variables = [v for dash in load_dashboards().values() for v in variable_queries(dash)]
+    variables = [v for name, dash in load_dashboards().items() if name in SOAK_DASHBOARDS
+                 for v in variable_queries(dash)]
     started = time.monotonic()
     soakd: SoakdProcess | None = None
     prom: subprocess.Popen[bytes] | None = None
@@ -155,6 +159,9 @@ async def test_every_dashboard_and_rule_expression_returns_data(tmp_path: Path) 
             "demo", "--duration", "150s", "--window", "10s", "--warmup", "3s", "--sample-interval", "1s",
             "--metrics-host", "127.0.0.1", "--metrics-port", str(metrics_port), "--log-format", "json",
             "--no-progress", "--demo-episodes", "--state-dir", str(tmp_path / "state"),
+            # an A/B run (a second simulator, 10% slower, as target "candidate"): the A/B panels and alert
+            # have data; eight requests in flight per target, sixteen in all as a single-target demo has
+            "--ab", "--concurrency", "8",
             # every 10 s window judged however busy this machine keeps soakd (its own-health panel still has
             # data: the flag is 0), so that the baseline pool completes and the drift panels fill
             env=soakd_env(SOAKD_ANALYSIS__QUIESCE__SETTLE="0.2s", SOAKD_SIM__FAULTS__ERROR_RATE_500="0.01",
@@ -230,3 +237,75 @@ async def _wait_ready(session: aiohttp.ClientSession, base: str, prom: subproces
                     return
         await asyncio.sleep(0.2)
     raise AssertionError(f"prometheus not ready after 30s: {log.read_text()[-3000:]}")
+
+
+async def test_sweep_dashboard_returns_data(tmp_path: Path) -> None:
+    """The sweep's dashboard against a real Prometheus scraping ``soakd sweep`` of the simulator (4
+    running slots: a knee within levels 1, 2, 4, 8): every panel's probes return data at some point of
+    the sweep — the live ones while it runs, the steps' and the knee's (last_over_time) after it."""
+    from helpers import sim_server
+
+    assert PROMETHEUS is not None, f"prometheus is not installed: {PROMETHEUS_HINT}"
+    metrics_port, prom_port = free_port(), free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(yaml.safe_dump(prometheus_config(metrics_port), sort_keys=False))
+    dash = load_dashboards()["soakd-sweep.json"]
+    exprs = [(where, substitute(expr)) for where, expr in dashboard_expressions(dash)]
+    seen: set[str] = set()
+    prom: subprocess.Popen[bytes] | None = None
+    sweep: SoakdProcess | None = None
+    prom_log = tmp_path / "prometheus.log"
+    sim_cfg = {"ttft_base": 0.02, "tpot_base": 0.01, "tpot_per_batch": 0, "ttft_per_prompt_token": 0, "max_batch": 4}
+    try:
+        with prom_log.open("wb") as log:
+            prom = subprocess.Popen(
+                [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                 f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
+                stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
+            )  # fmt: skip
+        base = f"http://127.0.0.1:{prom_port}"
+        cfg = tmp_path / "sweep.yaml"
+        cfg.write_text("scenarios:\n  short_chat: {max_tokens: 8}\nsweep: {min_requests: 40, linger: 4s}\n")
+        async with sim_server(**sim_cfg) as sim, aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
+            await _wait_ready(s, base, prom, prom_log)
+            api = PromAPI(s, base)
+            sweep = await SoakdProcess.start(
+                "sweep", "-c", str(cfg), "--target", sim.base_url, "--mix", "short_chat=1", "--levels", "1,2,4,8",
+                "--step", "4s", "--step-warmup", "1s", "--metrics-host", "127.0.0.1", "--metrics-port",
+                str(metrics_port), "--state-dir", str(tmp_path / "state"), "--log-format", "json",
+                cwd=tmp_path)  # fmt: skip
+            drain = [asyncio.create_task(_drain(sweep, sweep.proc.stdout)),
+                     asyncio.create_task(_drain(sweep, sweep.proc.stderr))]
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                for where, expr in exprs:
+                    for probe in probe_expressions(expr):
+                        res = await api.query(probe)
+                        assert res.get("status") == "success", (where, probe, res)
+                        if res["data"]["result"]:
+                            seen.add(probe)
+                if sweep.proc.returncode is not None:
+                    break
+                await asyncio.sleep(1)
+            await asyncio.wait_for(sweep.proc.wait(), 30)
+            for task in drain:
+                with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                    await asyncio.wait_for(task, 5)
+            for where, expr in exprs:  # after the end: the finished sweep's steps and knee stay queryable
+                for probe in probe_expressions(expr):
+                    if (await api.query(probe))["data"]["result"]:
+                        seen.add(probe)
+        missing = [(w, p) for w, e in exprs for p in probe_expressions(e) if p not in seen]
+        assert not missing, f"sweep dashboard queries without data: {missing}\n{sweep.output()[-2000:]}"
+        assert sweep.proc.returncode == 0, sweep.output()[-3000:]
+    finally:
+        if sweep is not None and sweep.proc.returncode is None:
+            sweep.proc.kill()
+            await sweep.proc.wait()
+        if prom is not None and prom.poll() is None:
+            prom.terminate()
+            try:
+                prom.wait(20)
+            except subprocess.TimeoutExpired:
+                prom.kill()
+                prom.wait()
