@@ -394,16 +394,22 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     try:
         cfg = _load(args, args.config)
-        api_key = cfg.api_key()
+        targets = [(t, cfg.api_key(t)) for t in cfg.target_list()]  # every target of an A/B configuration
         timeout = _dur("--timeout", args.timeout)
     except ConfigError as exc:
         return _config_error(exc)
-    results, model = _run_async(run_checks(cfg.target, api_key, timeout=timeout))
+    ok, docs = True, []
+    for t, api_key in targets:
+        results, model = _run_async(run_checks(t, api_key, timeout=timeout))
+        ok = ok and all(r.ok for r in results)
+        if args.json:
+            docs.append([r.__dict__ for r in results])
+        else:
+            head = f"[{t.name}] " if len(targets) > 1 else ""
+            sys.stdout.write(head + format_table(results, t.url, model) + "\n")
     if args.json:
-        sys.stdout.write(json.dumps([r.__dict__ for r in results], indent=2) + "\n")
-    else:
-        sys.stdout.write(format_table(results, cfg.target.url, model) + "\n")
-    return EXIT_OK if all(r.ok for r in results) else EXIT_FAIL
+        sys.stdout.write(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2) + "\n")
+    return EXIT_OK if ok else EXIT_FAIL
 
 
 # ---- sim ---------------------------------------------------------------------------------------

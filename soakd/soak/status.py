@@ -88,6 +88,7 @@ class StatusBoard:
         self.load: Load | None = None
         self.canary: CanaryRunner | None = None
         self.rates = (0.0, 0.0)  # requests/s and output tokens/s over the last second or so
+        self.other_targets: Any = None  # A/B runs: a callable giving the other targets' status
         self._last_tick: tuple[float, int, int] | None = None
         self._last_summary: tuple[float, int, int, dict[str, int]] | None = None
 
@@ -152,7 +153,7 @@ class StatusBoard:
             "run_id": self.session.run_id,
             "version": __version__,
             "phase": self.phase,
-            "target": cfg.target.url,
+            "target": cfg.target_list()[0].url,
             "model": self.model,
             "started_at": iso(self.started_wall),
             "duration_seconds": cfg.run.duration,
@@ -197,6 +198,9 @@ class StatusBoard:
                 "last_error": rec.last_error or None,
             }
         )
+        if self.other_targets is not None:
+            out["target_name"] = cfg.target_list()[0].name
+            out["targets"] = self.other_targets()
         return out
 
     def _analysis_status(self) -> dict[str, Any]:

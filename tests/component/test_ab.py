@@ -53,6 +53,7 @@ async def test_a_candidate_ten_percent_slower_is_measured_and_fails(tmp_path: Pa
     async with sim_server(**BASE) as ref, sim_server(**{**BASE, **slow}) as cand:
         runtime, verdict = await soak(ab_config(ref.base_url, cand.base_url, tmp_path))
         ref_n, cand_n = len(ref.recent), len(cand.recent)
+        ref_url = ref.base_url
     e2e = run_ab(verdict, "e2e_p50")
     print("\nA/B +10%: " + "; ".join(f"{r['metric']} {r['ratio']:+.3f} [{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}] {r['tier']}"
                                      for r in verdict["ab"]))
@@ -61,6 +62,11 @@ async def test_a_candidate_ten_percent_slower_is_measured_and_fails(tmp_path: Pa
     assert e2e["tier"] in ("confident", "likely"), e2e
     assert verdict["result"] == "FAIL" and any(r.startswith("ab: ") for r in verdict["reasons"]), verdict["reasons"]
     assert ref_n > 100 and cand_n > 100  # both targets were soaked
+    # /status: the reference's figures and each other target's
+    status = runtime.status.status()
+    assert status["target_name"] == "ref" and status["target"] == ref_url
+    (other,) = status["targets"]
+    assert other["name"] == "cand" and other["requests_measured"] > 100 and "e2e_p50" in other["ab"]
     # the series: each target's own client-side and analysis series, and the candidate's ratio
     fams = {f.name: f for f in runtime.registry.collect()}
     targets = {s.labels.get("target") for s in fams["soakd_requests"].samples}
@@ -95,6 +101,12 @@ async def test_a_candidate_ten_percent_slower_is_measured_and_fails(tmp_path: Pa
 
 async def test_a_and_a_report_no_difference(tmp_path: Path) -> None:
     async with sim_server(**BASE) as a, sim_server(**BASE) as b:
+        # soakd check probes every target of an A/B configuration
+        cfg_file = tmp_path / "ab.yaml"
+        cfg_file.write_text(json.dumps({"targets": [{"name": "ref", "url": a.base_url},
+                                                    {"name": "cand", "url": b.base_url}]}))
+        rc, out, err = await run_soakd("check", "-c", str(cfg_file))
+        assert rc == 0 and "[ref] " in out and "[cand] " in out, out + err
         _runtime, verdict = await soak(ab_config(a.base_url, b.base_url, tmp_path))
     print("\nA/A: " + "; ".join(f"{r['metric']} {r['ratio']:+.3f} [{r['ci'][0]:+.3f}, {r['ci'][1]:+.3f}] {r['tier']}"
                                 for r in verdict["ab"]))
