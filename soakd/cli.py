@@ -75,6 +75,25 @@ def _load(args: argparse.Namespace, path: Path | None = None, base: dict[str, An
         raise flags.annotate(exc, args) from None
 
 
+def _configured(args: argparse.Namespace, base: dict[str, Any] | None = None) -> tuple[SoakConfig | None, int]:
+    """The configuration of a command that sends load (run, sweep, batch): loaded, every target's key
+    read (a key that is configured but missing fails now), logging set up; or (None, the exit code)
+    after --print-config or an error."""
+    from soakd import logging_setup
+
+    try:
+        cfg = _load(args, args.config, base=base)
+        if args.print_config:
+            _print_config(cfg)
+            return None, EXIT_OK
+        for t in cfg.target_list():
+            cfg.api_key(t)
+    except ConfigError as exc:
+        return None, _config_error(exc)
+    logging_setup.configure(cfg.log.format, cfg.log.level)
+    return cfg, EXIT_OK
+
+
 def _print_config(cfg: SoakConfig) -> None:
     sys.stdout.write(yaml.safe_dump(cfg.redacted(), sort_keys=False, default_flow_style=None))
 
@@ -143,15 +162,9 @@ def cmd_run(args: argparse.Namespace, record_listeners: tuple[Any, ...] = ()) ->
     tools that embed soakd, such as benchmarks/client_capacity.py's trace)."""
     from soakd import logging_setup
 
-    try:
-        cfg = _load(args, args.config)
-        if args.print_config:
-            _print_config(cfg)
-            return EXIT_OK
-        cfg.api_key()
-    except ConfigError as exc:
-        return _config_error(exc)
-    logging_setup.configure(cfg.log.format, cfg.log.level)
+    cfg, code = _configured(args)
+    if cfg is None:
+        return code
     try:
         code, outcome = _run_async(_soak(cfg, new_run=args.new_run, record_listeners=record_listeners))
     except ConfigError as exc:
@@ -178,7 +191,6 @@ def _write_sweep(doc: dict[str, Any], args: argparse.Namespace) -> None:
 def cmd_sweep(args: argparse.Namespace) -> int:
     """``soakd sweep``: the load levels of ``sweep:`` (or --levels) one step each until the knee;
     the table on stdout, --json/--markdown/--html files; ``--show`` renders a stored sweep."""
-    from soakd import logging_setup
     from soakd.store import StoreError
 
     if args.show is not None:
@@ -192,15 +204,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             return EXIT_CONFIG
         _write_sweep(doc, args)
         return EXIT_OK
-    try:
-        cfg = _load(args, args.config)
-        if args.print_config:
-            _print_config(cfg)
-            return EXIT_OK
-        cfg.api_key()
-    except ConfigError as exc:
-        return _config_error(exc)
-    logging_setup.configure(cfg.log.format, cfg.log.level)
+    cfg, code = _configured(args)
+    if cfg is None:
+        return code
 
     async def sweep() -> Any:
         from soakd.sweep.runner import SweepRunner
@@ -252,7 +258,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_batch(args: argparse.Namespace) -> int:
     """``soakd batch INPUT``: an OpenAI Batch API input file, sent and accounted for; resumable."""
-    from soakd import logging_setup
     from soakd.batch.input import InputError
     from soakd.batch.runner import BatchRunner, print_accounting
     from soakd.store import StoreError
@@ -262,15 +267,9 @@ def cmd_batch(args: argparse.Namespace) -> int:
                       ("failure_budget", "failure_budget")):
         if getattr(args, dest) is not None:
             over[key] = getattr(args, dest)
-    try:
-        cfg = _load(args, args.config, base={"batch": over} if over else None)
-        if args.print_config:
-            _print_config(cfg)
-            return EXIT_OK
-        cfg.api_key()
-    except ConfigError as exc:
-        return _config_error(exc)
-    logging_setup.configure(cfg.log.format, cfg.log.level)
+    cfg, code = _configured(args, base={"batch": over} if over else None)
+    if cfg is None:
+        return code
     inp: Path = args.input
     output = args.output or inp.with_name(inp.stem + ".output.jsonl")
     errors = args.errors or inp.with_name(inp.stem + ".errors.jsonl")

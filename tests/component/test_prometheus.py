@@ -211,13 +211,17 @@ async def test_every_dashboard_and_rule_expression_returns_data(tmp_path: Path) 
         for task in drains:
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(task, 5)
-        if prom is not None and prom.poll() is None:
-            prom.terminate()
-            try:
-                prom.wait(20)
-            except subprocess.TimeoutExpired:
-                prom.kill()
-                prom.wait()
+        _stop_prometheus(prom)
+
+
+def _stop_prometheus(prom: subprocess.Popen[bytes] | None) -> None:
+    if prom is not None and prom.poll() is None:
+        prom.terminate()
+        try:
+            prom.wait(20)
+        except subprocess.TimeoutExpired:
+            prom.kill()
+            prom.wait()
 
 
 async def _drain(proc: SoakdProcess, stream: asyncio.StreamReader | None) -> None:
@@ -302,10 +306,4 @@ async def test_sweep_dashboard_returns_data(tmp_path: Path) -> None:
         if sweep is not None and sweep.proc.returncode is None:
             sweep.proc.kill()
             await sweep.proc.wait()
-        if prom is not None and prom.poll() is None:
-            prom.terminate()
-            try:
-                prom.wait(20)
-            except subprocess.TimeoutExpired:
-                prom.kill()
-                prom.wait()
+        _stop_prometheus(prom)
