@@ -183,6 +183,20 @@ def test_the_knee_rule() -> None:
     decide(s3[:1], cfg, 0.01, last=False)
     d = decide(s3, cfg, 0.01, last=False)
     assert (d.reason, d.knee) == ("errors", 0)
+    # an SLO broken (a scenario's goodput below its objective): past the knee
+    from soakd.config import SloConfig
+    from soakd.core.summary import Goodput, ScenarioSummary
+
+    slo = {"short_chat": SloConfig(ttft=0.5, quantile=0.95)}
+    good, bad = _window(10), _window(20)
+    good.scenarios = {"short_chat": ScenarioSummary(goodput=Goodput(requests=600, met=590))}
+    good.goodput = Goodput(requests=600, met=590)
+    bad.scenarios = {"short_chat": ScenarioSummary(goodput=Goodput(requests=1200, met=1000))}
+    bad.goodput = Goodput(requests=1200, met=1000)
+    s6 = [step_of(0, 1, good, slo, open_loop=False), step_of(1, 2, bad, slo, open_loop=False)]
+    decide(s6[:1], cfg, 0.01, last=False)
+    d = decide(s6, cfg, 0.01, last=False)
+    assert (d.reason, d.knee) == ("slo", 0) and s6[1].slo_broken == ["short_chat"] and s6[0].goodput_per_second
     # open loop: e2e rising through the step is a growing queue
     rising = [0.1 * 1.1 ** j for j in range(10)]
     s4 = [step_of(0, 10, _window(10), {}, open_loop=True), step_of(1, 20, _window(19, e2e=rising), {},
