@@ -22,6 +22,11 @@ Noise models (per request, multiplicative on every latency):
 - ``closed``: a closed loop of 16 workers on a server that slows down with the number of long
   requests in flight (a discrete-event simulation of the batch).
 
+A/B cells soak a second target beside the first (``soakd.analysis.ab`` judges the pairs, as the
+runtime wires it): every request goes to both; the candidate's latency shares the reference's load
+factor and, with correlation 0.7, its noise (the same prompt), with the same spread, times
+``1 + ab``.
+
 Usage::
 
     python benchmarks/verdict_quality.py             # 200 runs per cell (long: tens of minutes on 2 cores)
@@ -48,6 +53,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from soakd.analysis.ab import AbJudge  # noqa: E402
 from soakd.analysis.engine import Analyzer  # noqa: E402
 from soakd.config import AnalysisConfig  # noqa: E402
 from soakd.core.records import Outcome, RequestRecord  # noqa: E402
@@ -89,6 +95,7 @@ class Cell:
     stall_every_s: float | None = None  # soakd's own loop stalls for stall_s every so often
     stall_s: float = 0.3
     restart_window: int | None = None  # the target is down for that whole window, then recovers
+    ab: float | None = None  # A/B: a candidate target this much slower than the reference (0.0: A/A)
     requests: int = 3000
     windows: int = 24
     window_s: float = 1800.0
@@ -150,6 +157,16 @@ CELLS: tuple[Cell, ...] = (
          stall_every_s=20, expect="inconclusive", limit=1.0),
     Cell("restart", "server restarted once (window 10 lost), recovers", "no drift/leak FAIL, restart reported",
          restart_window=10, memory="ramp", probe_noise_mib=50, expect="restart", limit=1.0),
+    # A/B: a candidate target under the same traffic (each request's latency shares the reference's load
+    # and, in part, its noise: the same prompt), judged by soakd.analysis.ab
+    Cell("ab-aa", "A/B, identical candidate (A/A), iid", "false ab FAIL <= 2%", ab=0.0, expect="ab_pass",
+         limit=0.02),
+    Cell("ab-aa-ar", "A/B, identical candidate (A/A), AR(1) load +-10%, memory 1 minute", "false ab FAIL <= 2%",
+         ab=0.0, noise="ar", ar_sd=0.10, ar_memory=60, ar_unit="seconds", expect="ab_pass", limit=0.02),
+    Cell("ab-8", "A/B, candidate 8% slower on every request", "ab FAIL >= 95%", ab=0.08, expect="ab_fail",
+         limit=0.95),
+    Cell("ab-4", "A/B, candidate 4% slower on every request", "confident ab <= 5%", ab=0.04,
+         expect="ab_confident", limit=0.05),
     # the detection rows again under slowly varying load (printed, no target)
     Cell("step-10-ar", "+10% step at window 12 under AR +-10%/1 min", "(no target)", noise="ar", ar_sd=0.10,
          ar_memory=60, ar_unit="seconds", step_at=12, step=0.10, expect="fail_by", by_window=14, limit=0.0),
@@ -200,8 +217,9 @@ def tail_scale(cell: Cell, window: int, z: float) -> float:
     return 1.0 + cell.step * min(1.0, z / 1.645)
 
 
-def arrivals(cell: Cell, rng: random.Random) -> Iterator[tuple[float, float, float]]:
-    """(send time, e2e seconds, ttft seconds) of every request, in send order (open loop)."""
+def arrivals(cell: Cell, rng: random.Random) -> Iterator[tuple[float, ...]]:
+    """(send time, e2e seconds, ttft seconds, the load and scale part of both) of every request, in
+    send order (open loop)."""
     rate = cell.requests / cell.window_s
     end = cell.windows * cell.window_s
     per_request = cell.ar_unit == "requests"
@@ -215,9 +233,10 @@ def arrivals(cell: Cell, rng: random.Random) -> Iterator[tuple[float, float, flo
         load = lf.step(1.0 if per_request else dt)
         w = int(t // cell.window_s)
         z = rng.gauss(0.0, 1.0)
-        e2e = math.exp(SIGMA * z) * load * latency_scale(cell, w, t) * tail_scale(cell, w, z)
-        ttft = 0.1 * math.exp(0.4 * rng.gauss(0.0, 1.0)) * load * latency_scale(cell, w, t) * tail_scale(cell, w, z)
-        yield t, e2e, min(ttft, e2e * 0.9)
+        base = load * latency_scale(cell, w, t) * tail_scale(cell, w, z)
+        e2e = math.exp(SIGMA * z) * base
+        ttft = 0.1 * math.exp(0.4 * rng.gauss(0.0, 1.0)) * base
+        yield t, e2e, min(ttft, e2e * 0.9), base
 
 
 def closed_loop(cell: Cell, rng: random.Random, workers: int = 16) -> Iterator[tuple[float, float, float]]:
@@ -284,6 +303,8 @@ class RunResult:
     restart_reported: bool = False
     impaired_windows: int = 0
     leak_rate: float | None = None  # MB/h, the last judgement of device memory
+    ab_fail: bool = False  # the verdict fails on an ab finding
+    ab_confident: bool = False  # a confident worse A/B difference (a window or the run)
 
 
 def _byte_times(cell: Cell, t: float, e2e: float, ttft: float) -> list[float]:
@@ -339,7 +360,13 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
     clock = ManualClock(0.0)
     tl = Timeline(0.0, 0.0, cell.window_s, cell.windows * cell.window_s)
     windows = WindowSet(tl, confidence=0.95, patience=min(cell.window_s, 120.0), clock=clock)
-    analyzer = Analyzer(config or AnalysisConfig(), planned_windows=cell.windows)
+    cfg = config or AnalysisConfig()
+    ab_run = cell.ab is not None
+    analyzer = Analyzer(cfg, planned_windows=cell.windows, candidates=1 if ab_run else 0)
+    # A/B: the candidate's windows and analysis, and the judge (as the runtime wires them)
+    cand_windows = WindowSet(tl, confidence=0.95, patience=min(cell.window_s, 120.0), clock=clock) if ab_run else None
+    cand = Analyzer(cfg, planned_windows=cell.windows, candidates=1) if ab_run else None
+    judge = AbJudge(cfg, "ref", ["cand"], cell.windows) if ab_run else None
     live = False
     source = closed_loop(cell, rng) if cell.noise == "closed" else arrivals(cell, rng)
     next_sample = 15.0
@@ -349,10 +376,17 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
 
     def close(now: float, final: bool = False) -> None:
         nonlocal live, live_drift
+        if cand_windows is not None and cand is not None and judge is not None:
+            for w in cand_windows.close_due(now, final=final):
+                if not w.revision:
+                    cand.add_window(w)
+                    analyzer.add_ab(judge.add("cand", w))
         for w in windows.close_due(now, final=final):
             if w.revision:
                 continue
             analyzer.add_window(w)
+            if judge is not None:
+                analyzer.add_ab(judge.add("ref", w))
             live_drift = live_drift or any(analyzer.drift_active.values())
             if any(analyzer.drift_active.values()) or analyzer.throttle_detected or any(
                     lk.fails for lk in analyzer.leaks.values()):
@@ -364,7 +398,8 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
     if cell.restart_window is not None:
         down = (cell.restart_window * cell.window_s, (cell.restart_window + 1) * cell.window_s)
         windows.add_interval(*down, "target_down_seconds")
-    for t, e2e, ttft in source:
+    for item in source:
+        t, e2e, ttft = item[:3]
         while next_sample <= t:
             clock.now = next_sample
             windows.add_samples(_telemetry(cell, next_sample), next_sample)
@@ -401,7 +436,23 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
         rec.outcome = Outcome.OK
         gaps = [(b - a) / 1e9 for a, b in zip(rec.token_times_ns, rec.token_times_ns[1:])]
         windows.finished(rec, gaps)
+        if cand_windows is not None:  # the same request to the candidate: the same load, its noise
+            # correlated with the reference's (the same prompt, rho 0.7), with the same spread
+            base = item[3]
+            rho = 0.7
+            z = math.log(e2e / base) / SIGMA
+            zc = rho * z + math.sqrt(1 - rho * rho) * rng.gauss(0.0, 1.0)
+            c_e2e = math.exp(SIGMA * zc) * base * (1.0 + (cell.ab or 0.0))
+            c_ttft = min(0.1 * math.exp(0.4 * rng.gauss(0.0, 1.0)) * base * (1.0 + (cell.ab or 0.0)), c_e2e * 0.9)
+            crec = _record(t, _byte_times(cell, t, c_e2e, c_ttft), w)
+            cand_windows.started(crec)
+            crec.outcome = Outcome.OK
+            cand_windows.finished(crec, [(b - a) / 1e9 for a, b in zip(crec.token_times_ns, crec.token_times_ns[1:])])
     close(tl.end + cell.window_s, final=True)
+    if judge is not None:
+        run_ab = judge.run_results()
+        analyzer.ab_run = [r.to_dict() for r in run_ab]
+        analyzer.add_ab(run_ab)
     verdict = analyzer.verdict()
     failing = [f for f in analyzer.findings if f["severity"] != "info" and f["kind"] in ("drift", "throttle")
                and (f["evidence"].get("tier") in (None, "confident"))]
@@ -425,7 +476,10 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
                      restart_reported=any(f["diagnosis"] == "target restarted" for f in analyzer.findings),
                      impaired_windows=sum(1 for w in analyzer.history.full() if w.client and w.client.impaired),
                      leak_rate=dm.growth_per_hour / 1e6 if dm is not None and dm.growth_per_hour is not None
-                     else None)
+                     else None,
+                     ab_fail=any(r.startswith("ab:") for r in verdict.reasons),
+                     ab_confident=any(f["kind"] == "ab" and f["evidence"].get("tier") == "confident"
+                                      and f["evidence"].get("direction") == "worse" for f in analyzer.findings))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -439,7 +493,8 @@ def _run(args: tuple[str, int]) -> dict[str, Any]:
     return {"failed": r.failed, "fail_window": r.fail_window, "live": r.live_flag, "reasons": r.reasons,
             "confident": r.confident, "trend": r.trend, "leak_window": r.leak_window, "periodic": r.periodic,
             "freeze": r.freeze, "inconclusive": r.inconclusive, "restart_reported": r.restart_reported,
-            "impaired_windows": r.impaired_windows, "leak_rate": r.leak_rate}
+            "impaired_windows": r.impaired_windows, "leak_rate": r.leak_rate, "ab_fail": r.ab_fail,
+            "ab_confident": r.ab_confident}
 
 
 def measure(cell: Cell, runs: int, seed0: int, pool: ProcessPoolExecutor | None) -> dict[str, Any]:
@@ -475,6 +530,15 @@ def measure(cell: Cell, runs: int, seed0: int, pool: ProcessPoolExecutor | None)
     elif cell.expect == "inconclusive":
         value = sum(r["inconclusive"] and not r["failed"] for r in results) / n
         ok = value >= cell.limit
+    elif cell.expect == "ab_pass":
+        value = sum(r["ab_fail"] for r in results) / n
+        ok = value <= cell.limit
+    elif cell.expect == "ab_fail":
+        value = sum(r["ab_fail"] for r in results) / n
+        ok = value >= cell.limit
+    elif cell.expect == "ab_confident":
+        value = sum(r["ab_confident"] for r in results) / n
+        ok = value <= cell.limit
     elif cell.expect == "restart":
         value = sum(r["restart_reported"] and not any(x.startswith(("drift", "leak")) for x in r["reasons"])
                     for r in results) / n
@@ -494,6 +558,7 @@ MEASURE = {
     "pass": "false FAIL", "fail_by": "FAIL by window 14", "no_confident": "confident drift", "trend": "trend found",
     "leak_by": "leak finding by hour 8", "periodic": "periodic drops found", "freeze": "freeze finding",
     "inconclusive": "INCONCLUSIVE, not FAIL", "restart": "restart reported, no drift/leak FAIL",
+    "ab_pass": "false ab FAIL", "ab_fail": "ab FAIL", "ab_confident": "confident ab",
 }
 
 

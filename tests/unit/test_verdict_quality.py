@@ -69,3 +69,20 @@ def test_soakd_stalls_are_inconclusive_and_a_restart_is_reported(vq: ModuleType)
     restart = run(vq, "restart")
     assert restart.restart_reported and not [x for x in restart.reasons if x.startswith(("drift", "leak"))]
     assert [x.split(":")[0] for x in restart.reasons] == ["errors"]  # the lost window's errors, nothing else
+
+
+@pytest.mark.parametrize("name", ["ab-aa", "ab-aa-ar"])
+def test_an_identical_candidate_is_not_an_ab_regression(vq: ModuleType, name: str) -> None:
+    r = run(vq, name)
+    assert not r.ab_fail and not r.ab_confident and not r.failed, r.reasons
+
+
+def test_a_candidate_eight_percent_slower_fails_on_ab(vq: ModuleType) -> None:
+    r = run(vq, "ab-8")
+    assert r.ab_fail and r.ab_confident and r.failed, r.reasons
+    assert all(x.startswith("ab:") for x in r.reasons), r.reasons  # the reference itself stayed healthy
+
+
+def test_a_candidate_four_percent_slower_is_not_confidently_worse(vq: ModuleType) -> None:
+    r = run(vq, "ab-4")
+    assert not r.ab_confident and not r.ab_fail, r.reasons
