@@ -269,7 +269,11 @@ async def test_soak_outage_and_recovery(vllm: VllmServer, tmp_path: Path) -> Non
             vb, sb = await pair(session, vllm_metrics, soakd_metrics)
             numbers["interval"] = _check_interval(va, vb, sa, sb, min_ok=200)
             numbers["kv"] = kv = kv_comparison(s_poll.between(sa.t, sb.t), v_poll.between(sa.t - 2, sb.t + 2))
-            _check_kv(kv, min_matched=40, min_nonzero=3)
+            # soakd's server sampler asks every second, but vLLM's /metrics is served by the same busy
+            # API process: on 2 shared cores a scrape takes up to seconds and the next one is skipped
+            # (seen: 35 samples in 79 s with a second test run loading the machine). Enough evidence is
+            # one matched reading per 4 s of the interval; each one must agree with vLLM's gauge.
+            _check_kv(kv, min_matched=max(15, int((sb.t - sa.t) / 4)), min_nonzero=3)
 
             # ---- outage: stop vLLM mid-soak
             conn_before = outcome_total(sb, "connection_error")
