@@ -43,7 +43,7 @@ from soakd.soak.driver import LoadDriver
 from soakd.soak.events import EventLog
 from soakd.analysis.ab import AbJudge
 from soakd.soak.exporter import AbExporter, AnalysisExporter
-from soakd.soak.peers import Peer, PeerPipeline
+from soakd.soak.peers import Peer, PeerPipeline, peers_status
 from soakd.soak.pipeline import WindowPipeline
 from soakd.soak.quiesce import QuiesceProber
 from soakd.soak.recorder import Recorder, RecordListener
@@ -131,7 +131,7 @@ class Runtime:
         self.status = StatusBoard(config, session=self.session, metrics=self.metrics, runners=self.runners,
                                   analyzer=self.analyzer, clock=clock)
         if self.peers:
-            self.status.other_targets = self._peers_status
+            self.status.other_targets = lambda: peers_status(self.peers, self.ab)
         self.heartbeat = Heartbeat()
         self.cgroup = CgroupCpu()
         self.registry = self.metrics.registry()
@@ -166,22 +166,6 @@ class Runtime:
         """A closed window of target ``name``: the A/B comparisons it completes, as findings."""
         if self.ab is not None:
             self.analyzer.add_ab(self.ab.add(name, w))
-
-    def _peers_status(self) -> list[dict[str, Any]]:
-        """/status of the targets after the first (A/B runs)."""
-        out = []
-        for p in self.peers:
-            rec = p.load.recorder if p.load is not None else None
-            last = p.analyzer.history.last
-            ab = {m: {"ratio": r.ratio, "ci": r.ci, "tier": r.tier, "window": r.window}
-                  for (m, cand), r in sorted(self.ab.last.items()) if cand == p.name} if self.ab is not None else {}
-            out.append({"name": p.name, "url": p.cfg.url, "model": p.model,
-                        "target_up": rec.target_up if rec else None, "in_flight": rec.in_flight if rec else 0,
-                        "requests_sent": rec.sent if rec else 0, "requests_measured": rec.measured if rec else 0,
-                        "outcomes": dict(rec.outcomes) if rec else {}, "last_error": (rec.last_error or None) if rec
-                        else None, "last_window": last.window if last is not None else None,
-                        "drift_detected": sorted(m for m, v in p.analyzer.drift_active.items() if v), "ab": ab})
-        return out
 
     def _loads(self) -> list[Load]:
         return [ld for ld in (self.load, *(p.load for p in self.peers)) if ld is not None]

@@ -75,3 +75,22 @@ class PeerPipeline:
                     log.info("target_window_closed", target=peer.name, window=w.window, requests=w.requests,
                              e2e_p95=w.e2e_seconds.p95, requests_per_second=round(w.requests_per_second, 3))
                     self.on_window(peer.name, w)
+
+
+def peers_status(peers: list[Peer], ab: Any) -> list[dict[str, Any]]:
+    """/status of the targets after the first: their counters, last window, drift flags and A/B ratios."""
+    out = []
+    for p in peers:
+        rec = p.load.recorder if p.load is not None else None
+        last = p.analyzer.history.last
+        ratios = {m: {"ratio": r.ratio, "ci": r.ci, "tier": r.tier, "window": r.window}
+                  for (m, cand), r in sorted(ab.last.items()) if cand == p.name} if ab is not None else {}
+        out.append({
+            "name": p.name, "url": p.cfg.url, "model": p.model,
+            "target_up": rec.target_up if rec else None, "in_flight": rec.in_flight if rec else 0,
+            "requests_sent": rec.sent if rec else 0, "requests_measured": rec.measured if rec else 0,
+            "outcomes": dict(rec.outcomes) if rec else {}, "last_error": (rec.last_error or None) if rec else None,
+            "last_window": last.window if last is not None else None,
+            "drift_detected": sorted(m for m, v in p.analyzer.drift_active.items() if v), "ab": ratios,
+        })
+    return out
