@@ -497,6 +497,24 @@ def _run(args: tuple[str, int]) -> dict[str, Any]:
             "ab_confident": r.ab_confident}
 
 
+# per expectation: what a run counts for, and whether the cell's limit is an upper bound (else a lower one)
+_COUNTS: dict[str, tuple[Any, bool]] = {
+    "pass": (lambda r, c: r["failed"], True),
+    "fail_by": (lambda r, c: r["failed"] and r["fail_window"] is not None and r["fail_window"] <= c.by_window, False),
+    "no_confident": (lambda r, c: r["confident"], True),
+    "trend": (lambda r, c: r["trend"], False),
+    "periodic": (lambda r, c: r["periodic"], False),
+    "freeze": (lambda r, c: r["freeze"], False),
+    "inconclusive": (lambda r, c: r["inconclusive"] and not r["failed"], False),
+    "ab_pass": (lambda r, c: r["ab_fail"], True),
+    "ab_fail": (lambda r, c: r["ab_fail"], False),
+    "ab_confident": (lambda r, c: r["ab_confident"], True),
+    "restart": (lambda r, c: r["restart_reported"] and not any(x.startswith(("drift", "leak")) for x in r["reasons"]),
+                False),
+    "leak_by": (lambda r, c: r["leak_window"] is not None and r["leak_window"] <= c.by_window, False),
+}
+
+
 def measure(cell: Cell, runs: int, seed0: int, pool: ProcessPoolExecutor | None) -> dict[str, Any]:
     jobs = [(cell.name, seed0 + i) for i in range(runs)]
     results = list(pool.map(_run, jobs)) if pool is not None else [_run(j) for j in jobs]
@@ -508,44 +526,9 @@ def measure(cell: Cell, runs: int, seed0: int, pool: ProcessPoolExecutor | None)
         for reason in r["reasons"]:
             kind = reason.split(":")[0]
             kinds[kind] = kinds.get(kind, 0) + 1
-    if cell.expect == "pass":
-        value = fail
-        ok = fail <= cell.limit
-    elif cell.expect == "fail_by":
-        value = sum(r["failed"] and r["fail_window"] is not None and r["fail_window"] <= cell.by_window
-                    for r in results) / n
-        ok = value >= cell.limit
-    elif cell.expect == "no_confident":
-        value = sum(r["confident"] for r in results) / n
-        ok = value <= cell.limit
-    elif cell.expect == "trend":
-        value = sum(r["trend"] for r in results) / n
-        ok = value >= cell.limit
-    elif cell.expect == "periodic":
-        value = sum(r["periodic"] for r in results) / n
-        ok = value >= cell.limit
-    elif cell.expect == "freeze":
-        value = sum(r["freeze"] for r in results) / n
-        ok = value >= cell.limit
-    elif cell.expect == "inconclusive":
-        value = sum(r["inconclusive"] and not r["failed"] for r in results) / n
-        ok = value >= cell.limit
-    elif cell.expect == "ab_pass":
-        value = sum(r["ab_fail"] for r in results) / n
-        ok = value <= cell.limit
-    elif cell.expect == "ab_fail":
-        value = sum(r["ab_fail"] for r in results) / n
-        ok = value >= cell.limit
-    elif cell.expect == "ab_confident":
-        value = sum(r["ab_confident"] for r in results) / n
-        ok = value <= cell.limit
-    elif cell.expect == "restart":
-        value = sum(r["restart_reported"] and not any(x.startswith(("drift", "leak")) for x in r["reasons"])
-                    for r in results) / n
-        ok = value >= cell.limit
-    else:  # leak_by
-        value = sum(r["leak_window"] is not None and r["leak_window"] <= cell.by_window for r in results) / n
-        ok = value >= cell.limit
+    counted, at_most = _COUNTS[cell.expect]
+    value = sum(bool(counted(r, cell)) for r in results) / n
+    ok = value <= cell.limit if at_most else value >= cell.limit
     rates = sorted(r["leak_rate"] for r in results if r["leak_rate"] is not None)
     return {"cell": cell.name, "what": cell.what, "target": cell.target, "runs": n, "value": value, "ok": ok,
             "fail": fail, "live": live, "findings": kinds,
