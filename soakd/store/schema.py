@@ -184,33 +184,17 @@ _V5 = (
 )
 
 
-def _migrate_to_v1(conn: sqlite3.Connection) -> None:
-    for stmt in _V1:
-        conn.execute(stmt)
+def _statements(stmts: tuple[str, ...]) -> Callable[[sqlite3.Connection], None]:
+    """A migration that executes ``stmts`` in order (inside migrate()'s transaction)."""
+    def apply(conn: sqlite3.Connection) -> None:
+        for stmt in stmts:
+            conn.execute(stmt)
+    return apply
 
 
-def _migrate_to_v2(conn: sqlite3.Connection) -> None:
-    for stmt in _V2:
-        conn.execute(stmt)
-
-
-def _migrate_to_v3(conn: sqlite3.Connection) -> None:
-    for stmt in _V3:
-        conn.execute(stmt)
-
-
-def _migrate_to_v4(conn: sqlite3.Connection) -> None:
-    for stmt in _V4:
-        conn.execute(stmt)
-
-
-def _migrate_to_v5(conn: sqlite3.Connection) -> None:
-    for stmt in _V5:
-        conn.execute(stmt)
-
-
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_migrate_to_v1, _migrate_to_v2, _migrate_to_v3,
-                                                                 _migrate_to_v4, _migrate_to_v5)
+# MIGRATIONS[v] brings a store from schema v to v + 1
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = tuple(
+    _statements(v) for v in (_V1, _V2, _V3, _V4, _V5))
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
