@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -118,15 +117,10 @@ class StoreReader:
 
     def load_target_windows(self, run_id: str) -> dict[str, list[WindowSummary]]:
         """A/B runs: target -> its windows in index order (the reference's are load_windows)."""
-        out: dict[str, list[WindowSummary]] = {}
         try:
-            cur = self.conn.execute("SELECT target, summary_json FROM target_windows WHERE run_id = ? "
-                                    "ORDER BY target, idx", (run_id,))
+            return rows.q_target_windows(self.conn, run_id)
         except sqlite3.OperationalError:
-            return out  # a store before schema v5
-        for target, text in cur:
-            out.setdefault(str(target), []).append(WindowSummary.load(json.loads(text)))
-        return out
+            return {}  # a store before schema v5
 
     def load_baseline(self, run_id: str) -> tuple[int, WindowSummary] | None:
         return rows.q_baseline(self.conn, run_id)

@@ -166,6 +166,15 @@ def q_latest_unfinished(conn: sqlite3.Connection) -> RunRow | None:
     return _run_row(row) if row else None
 
 
+def q_target_windows(conn: sqlite3.Connection, run_id: str) -> dict[str, list[WindowSummary]]:
+    """A/B runs: target -> its windows in index order (the reference's are q_windows)."""
+    out: dict[str, list[WindowSummary]] = {}
+    for target, text in conn.execute(
+            "SELECT target, summary_json FROM target_windows WHERE run_id = ? ORDER BY target, idx", (run_id,)):
+        out.setdefault(str(target), []).append(WindowSummary.load(json.loads(text)))
+    return out
+
+
 def q_segments(conn: sqlite3.Connection, run_id: str) -> list[SegmentRow]:
     return [
         SegmentRow(*r)

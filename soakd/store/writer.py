@@ -8,7 +8,6 @@ into each other's internals."""
 from __future__ import annotations
 
 import errno
-import json
 import math
 import os
 import sqlite3
@@ -521,11 +520,7 @@ class Writer:
         self.write(_Op("window", run_id, t, fn))
 
     def load_target_windows(self, run_id: str) -> dict[str, list[WindowSummary]]:
-        out: dict[str, list[WindowSummary]] = {}
-        for target, text in self._c().execute(
-                "SELECT target, summary_json FROM target_windows WHERE run_id = ? ORDER BY target, idx", (run_id,)):
-            out.setdefault(str(target), []).append(WindowSummary.load(json.loads(text)))
-        return out
+        return rows.q_target_windows(self._c(), run_id)
 
     # ---- batches (soakd batch)
     def create_batch(self, batch_id: str, input_path: str, sha: str, target: str | None, config_json: str,
