@@ -468,7 +468,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from soakd.store import StoreError, StoreReader
 
     state_dir = Path(args.state_dir or os.environ.get("SOAKD_RUN__STATE_DIR") or "./soakd-state")
-    by_suffix = {".md": "md", ".markdown": "md", ".html": "html", ".htm": "html", ".json": "json"}
+    by_suffix = {".md": "md", ".markdown": "md", ".html": "html", ".htm": "html", ".json": "json", ".xml": "junit"}
     fmt = args.format or by_suffix.get(args.output.suffix.lower() if args.output else "", "md")
     try:
         reader = StoreReader(state_dir)
@@ -599,15 +599,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_sim_arguments(p)
     p.set_defaults(func=cmd_sim)
 
-    p = sub.add_parser("report", help="render a run's report (Markdown, HTML or JSON) from the state dir",
+    p = sub.add_parser("report", help="render a run's report (Markdown, HTML, JSON or JUnit XML) from the state dir",
                        description="Render the report of a run from the state dir: the verdict, per-window table, "
                        "findings with diagnoses and (HTML) charts. The JSON report is what "
                        "`soakd run --baseline` reads.")
     p.add_argument("--state-dir", type=Path,
                    help="state dir of the run (default ./soakd-state; env SOAKD_RUN__STATE_DIR)")
     p.add_argument("--run", metavar="ID", help="run id (default: the newest run; see --list)")
-    p.add_argument("--format", choices=["md", "html", "json"],
-                   help="output format (default md, or from the -o file's extension)")
+    p.add_argument("--format", choices=["md", "html", "json", "junit"],
+                   help="output format (default md, or from the -o file's extension; .xml: junit)")
     p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write to FILE instead of stdout")
     p.add_argument("--list", action="store_true", help="list the runs in the state dir (id, start, status, verdict)")
     p.set_defaults(func=cmd_report)

@@ -371,7 +371,7 @@ class Runtime:
             await self.session.add_samples(self.telemetry.take_pending())
             await self.session.finish(reason, verdict)
             # report.json/md/html into the run dir; a failure is logged, never fatal
-            await write_final_reports(self.config.run.state_dir, self.run_id)
+            await write_final_reports(self.config.run.state_dir, self.run_id, self.config.run.junit)
         out = self._outcome(reason, verdict)
         elapsed = self.load.timeline.elapsed(self.clock.monotonic()) if self.load is not None else 0.0
         log.info("soakd_finished", run_id=self.run_id, stop_reason=reason, elapsed=round(elapsed, 3),

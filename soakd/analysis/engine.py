@@ -80,6 +80,12 @@ class WindowHistory:
         return self._failed / self._requests if self._requests else None
 
 
+def failing_reason(kind: str, diagnosis: str, window: int | None) -> str:
+    """The verdict's reason for a finding that fails the run (the report and the JUnit file match
+    findings to the verdict by it)."""
+    return f"{kind}: {diagnosis} (window {window})"
+
+
 @dataclass
 class Verdict:
     """PASS, FAIL, or INCONCLUSIVE (too few windows could be judged: ``inconclusive`` says why)."""
@@ -389,7 +395,7 @@ class Analyzer:
             return None  # judged on the run's last leak judgement (a finding may be revised)
         elif kind not in v.fail_on:
             return None
-        return f"{kind}: {f.diagnosis} (window {f.window})"
+        return failing_reason(kind, f.diagnosis, f.window)
 
     def add_ab(self, results: list[Any]) -> None:
         """A/B comparisons (``soakd.analysis.ab.AbResult``) into this, the reference target's analysis:

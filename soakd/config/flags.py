@@ -53,6 +53,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--metrics-host", "metrics.host", "listen address for /metrics (default 0.0.0.0)"),
     Flag("--metrics-port", "metrics.port", "listen port for /metrics (default 9400; 0 = any)", "int"),
     Flag("--state-dir", "run.state_dir", "state and report directory (default ./soakd-state)", "path"),
+    Flag("--junit", "run.junit", "also write the verdict as JUnit XML to FILE at the end of the run", "path"),
     Flag("--seed", "run.seed", "seed for prompts, arrivals and the mix", "int"),
     Flag("--no-keep-alive", "target.keep_alive",
          "open a new connection per request (servers that drop reused connections)", "false"),

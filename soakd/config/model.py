@@ -285,6 +285,8 @@ class RunConfig(_Model):
     grace: Duration = Field(30.0, ge=0, description="On shutdown, how long in-flight requests may take to drain.")
     seed: int = Field(0, description="Seeds prompts, arrivals and the mix: same seed, same traffic.")
     state_dir: Path = Field(Path("./soakd-state"), description="Where the run's state and reports go.")
+    junit: Path | None = Field(None, description="Also write the verdict as JUnit XML to this file at the end of "
+                               "the run (one test case per check; the run directory always has junit.xml).")
 
 
 class MetricsConfig(_Model):

@@ -1,5 +1,5 @@
-"""The final report of a run: JSON (what ``--baseline`` reads), Markdown and self-contained HTML
-with inline SVG charts. ``soakd report`` renders it from a state dir; the runtime writes all three
+"""The final report of a run: JSON (what ``--baseline`` reads), Markdown, self-contained HTML
+with inline SVG charts, and JUnit XML for CI systems. ``soakd report`` renders it from a state dir; the runtime writes all three
 into ``<state_dir>/<run_id>/`` at the end of every run (SIGTERM included)."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from soakd.report.render import (
     render,
     render_html,
     render_json,
+    render_junit,
     render_markdown,
     write_reports,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "render",
     "render_html",
     "render_json",
+    "render_junit",
     "render_markdown",
     "write_final_reports",
     "write_reports",
@@ -39,12 +41,14 @@ __all__ = [
 log = structlog.get_logger("soakd")
 
 
-async def write_final_reports(state_dir: Path | str, run_id: str) -> dict[str, Path] | None:
-    """The runtime's end-of-run call: write the three reports in a worker thread (the store is read
+async def write_final_reports(state_dir: Path | str, run_id: str, junit: Path | None = None
+                              ) -> dict[str, Path] | None:
+    """The runtime's end-of-run call: write the reports in a worker thread (``junit``: the JUnit
+    file also there, as ``soakd run --junit FILE`` asks; the store is read
     through its own read-only connection). A failure is logged, never raised: the run's data is in
     the store and ``soakd report --run ID`` can render it later."""
     try:
-        paths = await asyncio.to_thread(write_reports, state_dir, run_id)
+        paths = await asyncio.to_thread(write_reports, state_dir, run_id, None, junit)
     except Exception as exc:  # noqa: BLE001 - a report failure must not fail the run
         log.error("report_failed", run_id=run_id, error=f"{type(exc).__name__}: {exc}",
                   hint=f"soakd report --state-dir {state_dir} --run {run_id} renders it from the store")

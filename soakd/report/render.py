@@ -1,6 +1,7 @@
 """Render a report dict (``soakd.report.build.build_report``) as JSON, Markdown
-(``soakd.report.markdown``) or HTML (``soakd.report.html``), and write all three into a run's
-directory. JSON is the dict itself (``--baseline`` of a later run reads it).
+(``soakd.report.markdown``), HTML (``soakd.report.html``) or JUnit XML (``soakd.report.junit``),
+and write all four into a run's directory. JSON is the dict itself (``--baseline`` of a later run
+reads it).
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ from typing import Any
 
 from soakd.report.build import build_report
 from soakd.report.html import render_html
+from soakd.report.junit import render_junit
 from soakd.report.markdown import render_markdown
 from soakd.store import StoreReader
 
-__all__ = ["FORMATS", "REPORT_FILES", "render", "render_html", "render_json", "render_markdown", "write_reports"]
+__all__ = ["FORMATS", "REPORT_FILES", "render", "render_html", "render_json", "render_junit", "render_markdown",
+           "write_reports"]
 
-FORMATS = ("json", "md", "html")
-REPORT_FILES = {"json": "report.json", "md": "report.md", "html": "report.html"}
+FORMATS = ("json", "md", "html", "junit")
+REPORT_FILES = {"json": "report.json", "md": "report.md", "html": "report.html", "junit": "junit.xml"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -34,7 +37,7 @@ def render_json(report: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------------
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
-    "json": render_json, "md": render_markdown, "html": render_html,
+    "json": render_json, "md": render_markdown, "html": render_html, "junit": render_junit,
 }
 
 
@@ -64,9 +67,11 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def write_reports(state_dir: Path | str, run_id: str, reader: StoreReader | None = None) -> dict[str, Path]:
-    """Build the report of ``run_id`` once and write report.json, report.md and report.html into
-    ``<state_dir>/<run_id>/`` (each atomically). Returns {format: path}."""
+def write_reports(state_dir: Path | str, run_id: str, reader: StoreReader | None = None,
+                  junit: Path | None = None) -> dict[str, Path]:
+    """Build the report of ``run_id`` once and write report.json, report.md, report.html and junit.xml
+    into ``<state_dir>/<run_id>/`` (each atomically), and the JUnit file also to ``junit`` when given.
+    Returns {format: path}, and ``junit_file`` for the extra file."""
     own = reader is None
     rd = StoreReader(state_dir) if reader is None else reader
     try:
@@ -78,6 +83,10 @@ def write_reports(state_dir: Path | str, run_id: str, reader: StoreReader | None
     paths: dict[str, Path] = {}
     for fmt in FORMATS:
         path = out_dir / REPORT_FILES[fmt]
-        write_atomic(path, render(report, fmt))
+        text = render(report, fmt)
+        write_atomic(path, text)
         paths[fmt] = path
+        if fmt == "junit" and junit is not None:
+            write_atomic(Path(junit), text)
+            paths["junit_file"] = Path(junit)
     return paths

@@ -18,6 +18,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+import junitparser
 import pytest
 
 from soakd.analysis.diagnosis import TROUBLESHOOTING
@@ -33,6 +34,7 @@ from soakd.report import (
     charts,
     render_html,
     render_json,
+    render_junit,
     render_markdown,
     write_reports,
 )
@@ -423,6 +425,84 @@ def test_html_is_self_contained_with_the_charts(report: dict[str, Any]) -> None:
     assert html.count("<tr") == 1 + 9 + 1 + 10 + 1 + len(report["troubleshooting"]) + 1 + 8
 
 
+# ---------------------------------------------------------------------------------------------
+# JUnit XML, read by a real JUnit parser
+
+
+def _junit_cases(report: dict[str, Any]) -> dict[tuple[str, str], tuple[str, str]]:
+    """(classname, name) -> (Failure | Error | Skipped | passed, message), parsed by junitparser;
+    the suite's counts checked against its cases."""
+    xml = junitparser.JUnitXml.fromstring(render_junit(report))
+    suites = list(xml)
+    assert len(suites) == 1
+    out = {}
+    for case in suites[0]:
+        res = case.result
+        assert len(res) <= 1
+        out[(case.classname, case.name)] = (type(res[0]).__name__, res[0].message or "") if res else ("passed", "")
+    kinds = [v[0] for v in out.values()]
+    suite = suites[0]
+    assert (suite.tests, suite.failures, suite.errors, suite.skipped) == (
+        len(kinds), kinds.count("Failure"), kinds.count("Error"), kinds.count("Skipped"))
+    return out
+
+
+def test_junit_has_a_case_per_check_and_fails_those_the_verdict_fails(report: dict[str, Any]) -> None:
+    cases = _junit_cases(report)
+    status = {k: v[0] for k, v in cases.items()}
+    verdict = cases[("soakd.verdict", "verdict")]
+    assert verdict[0] == "Failure" and verdict[1].startswith("FAIL: throttle: throttling (window 5)")
+    # each tracked metric: those the throttling moved fail (its drift), the others pass
+    assert status[("soakd.drift", "ttft_p50")] == "Failure" and cases[("soakd.drift", "ttft_p50")][1] == \
+        "throttle: throttling (window 5)"
+    assert status[("soakd.drift", "error_rate")] == "passed" and status[("soakd.drift", "e2e_p95")] == "passed"
+    assert {m for (c, m) in cases if c == "soakd.drift"} >= set(report["thresholds"])
+    # leaks by their last judgement; the checks of one kind each
+    assert status[("soakd.leak", "device_memory")] == "Failure" and status[("soakd.leak", "kv_residue")] == "passed"
+    assert status[("soakd.throttle", "throttle")] == status[("soakd.canary", "canary")] == "Failure"
+    assert status[("soakd.errors", "errors")] == status[("soakd.freeze", "freeze")] == "passed"
+    # each window: the partial last one is skipped, those a failing finding points at fail
+    windows = {n: st for (c, n), st in status.items() if c == "soakd.windows"}
+    assert len(windows) == len(report["table"]) and windows["window 8"] == "Skipped"
+    assert windows["window 5"] == windows["window 6"] == "Failure" and windows["window 1"] == "passed"
+    # each warning or critical finding, named by its id, kind, diagnosis and window
+    findings = {n: st for (c, n), st in status.items() if c == "soakd.findings"}
+    assert any(n.endswith("throttle: throttling (window 5)") and st == "Failure" for n, st in findings.items())
+    assert not any("quiesce" in n or "baseline" in n for n in findings)
+
+
+def test_junit_of_a_passing_run_and_the_checks_it_could_not_make(report_nogpu: dict[str, Any]) -> None:
+    cases = _junit_cases(report_nogpu)
+    assert report_nogpu["verdict"]["result"] == "PASS"
+    assert not [k for k, v in cases.items() if v[0] in ("Failure", "Error")]
+    assert cases[("soakd.throttle", "throttle")][0] == "Skipped" and "no device telemetry" in \
+        cases[("soakd.throttle", "throttle")][1]
+    assert cases[("soakd.leak", "memory")][0] == "Skipped"
+    # INCONCLUSIVE is an error; a client-impaired or too small window is skipped, with the reason
+    r = json.loads(json.dumps(report_nogpu))
+    r["verdict"].update(result="INCONCLUSIVE", passed=False, inconclusive="3 of 9 full windows could be judged")
+    r["windows"][2]["client"] = {**(r["windows"][2].get("client") or {}), "impaired": True,
+                                 "impaired_reason": "event-loop lag p99 400 ms"}
+    r["table"][3]["requests"] = 5
+    cases = _junit_cases(r)
+    assert cases[("soakd.verdict", "verdict")] == ("Error", "INCONCLUSIVE: 3 of 9 full windows could be judged")
+    assert cases[("soakd.windows", "window 2")] == ("Skipped", "client-impaired: event-loop lag p99 400 ms")
+    assert cases[("soakd.windows", "window 3")][0] == "Skipped" and "insufficient" in cases[("soakd.windows",
+                                                                                              "window 3")][1]
+
+
+def test_junit_survives_garbage_in_a_finding(report: dict[str, Any]) -> None:
+    r = json.loads(json.dumps(report))
+    ev = r["findings"]["canary"][-1]
+    ev["detail"] = "output now: '\x00\x1b[31m<b>&amp; \ud800 ]]>'"  # a garbled server answer, quoted
+    cases = _junit_cases(r)
+    assert cases[("soakd.canary", "canary")][0] == "Failure"
+    text = render_junit(r)
+    assert "\x00" not in text and "\x1b" not in text and "\ud800" not in text
+    assert "output now: '\ufffd\ufffd[31m&lt;b&gt;&amp;amp; \ufffd ]]&gt;'" in text  # replaced, escaped, kept
+    ET.fromstring(text.split("\n", 1)[1])  # well-formed XML for the stdlib parser too
+
+
 def test_a_run_without_telemetry_renders_without_device_charts(report_nogpu: dict[str, Any]) -> None:
     r = report_nogpu
     assert r["verdict"]["result"] == "PASS" and r["verdict"]["reasons"] == []
@@ -460,16 +540,19 @@ def test_an_unfinished_run_has_an_incomplete_verdict(tmp_path: Path) -> None:
     assert "**Verdict: INCOMPLETE**" in md
     assert 'class="badge INCOMPLETE"' in render_html(r)
     assert r["baseline"]["window"] == 0  # chosen the way a resumed run would (first full window)
+    verdict = _junit_cases(r)[("soakd.verdict", "verdict")]
+    assert verdict[0] == "Error" and "no final verdict" in verdict[1]
 
 
 def test_write_reports_into_the_run_dir(recorded: Path, tmp_path: Path) -> None:
     state = tmp_path / "state"
     shutil.copytree(recorded, state)
     paths = write_reports(state, "run-gpu")
-    assert set(paths) == {"json", "md", "html"}
+    assert set(paths) == {"json", "md", "html", "junit"}
     for fmt, p in paths.items():
         assert p == state / "run-gpu" / REPORT_FILES[fmt] and p.stat().st_size > 1000
-    assert sorted(x.name for x in (state / "run-gpu").iterdir()) == ["report.html", "report.json", "report.md"]
+    assert sorted(x.name for x in (state / "run-gpu").iterdir()) == ["junit.xml", "report.html", "report.json",
+                                                                     "report.md"]
     assert baseline_from_report(json.loads(paths["json"].read_text())).window == 0
 
 
@@ -499,6 +582,11 @@ def test_cli_report_formats_output_run_and_list(recorded: Path, tmp_path: Path) 
     assert (tmp_path / "r.out").read_text().startswith("<!DOCTYPE html>")
     p = _soakd("--state-dir", str(recorded), "--run", "run-gpu", "-o", str(tmp_path / "r.json"))  # format from suffix
     assert p.returncode == 0 and json.loads((tmp_path / "r.json").read_text())["verdict"]["result"] == "FAIL"
+    p = _soakd("--state-dir", str(recorded), "--run", "run-gpu", "-o", str(tmp_path / "soak.xml"))  # .xml: JUnit
+    assert p.returncode == 0 and "junit report" in p.stderr
+    assert junitparser.JUnitXml.fromfile(str(tmp_path / "soak.xml")).failures >= 1
+    p = _soakd("--state-dir", str(recorded), "--run", "run-nogpu", "--format", "junit")
+    assert p.returncode == 0 and junitparser.JUnitXml.fromstring(p.stdout).failures == 0
     p = _soakd("--state-dir", str(recorded), "--list")
     assert p.returncode == 0
     lines = p.stdout.splitlines()
@@ -636,10 +724,12 @@ async def test_a_soak_writes_its_reports(tmp_path: Path) -> None:
     from soakd.runtime import Runtime
 
     async with sim_server(**QUICK_SIM) as sim:
-        runtime = Runtime(_daemon_config(sim.base_url, tmp_path, 3.0), progress=False)
+        cfg = _daemon_config(sim.base_url, tmp_path, 3.0)
+        cfg.run.junit = tmp_path / "ci" / "soak.xml"  # what `soakd run --junit ci/soak.xml` sets
+        runtime = Runtime(cfg, progress=False)
         final = await asyncio.wait_for(runtime.run(), 60)
     run_dir = tmp_path / final.run_id
-    assert {p.name for p in run_dir.iterdir()} == {"report.json", "report.md", "report.html"}
+    assert {p.name for p in run_dir.iterdir()} == {"report.json", "report.md", "report.html", "junit.xml"}
     rep = json.loads((run_dir / "report.json").read_text())
     assert rep["run"]["id"] == final.run_id and rep["run"]["stop_reason"] == "duration"
     assert final.verdict is not None
@@ -647,6 +737,12 @@ async def test_a_soak_writes_its_reports(tmp_path: Path) -> None:
     assert len(rep["windows"]) == final.windows >= 2
     assert "**Verdict: " in (run_dir / "report.md").read_text()
     assert "<svg " in (run_dir / "report.html").read_text()
+    assert (tmp_path / "ci" / "soak.xml").read_text() == (run_dir / "junit.xml").read_text()
+    suite = next(iter(junitparser.JUnitXml.fromfile(str(tmp_path / "ci" / "soak.xml"))))
+    verdict = next(c for c in suite if c.classname == "soakd.verdict")
+    expected = {"PASS": [], "FAIL": ["Failure"], "INCONCLUSIVE": ["Error"]}[final.verdict["result"]]
+    assert [type(r).__name__ for r in verdict.result] == expected, final.verdict
+    assert sum(c.classname == "soakd.windows" for c in suite) == len(rep["table"])
 
 
 @pytest.mark.slow
