@@ -8,6 +8,7 @@ import json
 import re
 from pathlib import Path
 
+import junitparser
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -32,7 +33,7 @@ def summary_rows(out: str) -> list[tuple[int, bool, int, float]]:
 async def test_demo(tmp_path: Path) -> None:
     rc, out, err = await run_soakd(
         "demo", "--duration", "8s", "--window", "2s", "--warmup", "1s", "--metrics-port", "0", "--no-progress",
-        cwd=tmp_path, timeout=60,
+        "--junit", "ci/soak.xml", cwd=tmp_path, timeout=60,
     )  # fmt: skip
     # ~20 requests per 2 s window are below min_requests (50): nothing can be judged, and soakd says so
     assert rc == 3, out[-3000:] + err[-3000:]
@@ -48,6 +49,14 @@ async def test_demo(tmp_path: Path) -> None:
     assert "requests measured:" in out and "ok=" in out
     reports = list((tmp_path / "soakd-state").glob("*/report.json"))
     assert len(reports) == 1 and json.loads(reports[0].read_text())["run"]["stop_reason"] == "duration"
+    # --junit: INCONCLUSIVE is an error of the verdict case, the windows too small to judge are skipped
+    suite = next(iter(junitparser.JUnitXml.fromfile(str(tmp_path / "ci" / "soak.xml"))))
+    cases = {(c.classname, c.name): c.result for c in suite}
+    verdict = cases[("soakd.verdict", "verdict")]
+    assert len(verdict) == 1 and isinstance(verdict[0], junitparser.Error) and "INCONCLUSIVE" in verdict[0].message
+    windows = [r for (cls, _), r in cases.items() if cls == "soakd.windows"]
+    assert len(windows) == len(rows) and all(r and isinstance(r[0], junitparser.Skipped) for r in windows[:-1])
+    assert suite.errors == 1 and suite.failures == 0
 
 
 async def test_sigterm_drains_and_writes_a_partial_window(tmp_path: Path) -> None:
