@@ -1,7 +1,8 @@
 # soakd — two commands on a fresh machine (Python 3.11, Debian, root, no GPU):
 #   make demo   creates the virtualenv, installs soakd, soaks the embedded simulator, shows the result
 #   make test   installs what the tests need (Python packages, Debian's prometheus for promtool and a
-#               real Prometheus server, Debian's chromium for the report screenshot) and runs the whole suite
+#               real Prometheus server, prometheus-alertmanager for amtool and a real Alertmanager,
+#               Debian's chromium for the report screenshot) and runs the whole suite
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -30,15 +31,20 @@ $(VENV)/.installed-test: $(VENV)/.installed
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
-# promtool (metric and rule checks) and a real Prometheus server come from Debian's package;
+# promtool (metric and rule checks) and a real Prometheus server come from Debian's package, amtool
+# and a real Alertmanager from prometheus-alertmanager (the tests start their own on 127.0.0.1, with
+# their own storage, and never use the packages' services);
 # chromium (headless) screenshots the HTML report.
 system-deps:
-	@if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then \
-	  echo "installing Debian's prometheus (promtool + server)"; \
+	@if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1 || \
+	    ! command -v amtool >/dev/null 2>&1 || ! command -v prometheus-alertmanager >/dev/null 2>&1; then \
+	  echo "installing Debian's prometheus (promtool + server) and prometheus-alertmanager (amtool + server)"; \
 	  $(SUDO) apt-get update -qq && \
-	  $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	  $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    prometheus prometheus-alertmanager >/dev/null; \
 	fi
 	@promtool --version 2>&1 | head -1
+	@amtool --version 2>&1 | head -1
 	@# Debian's chromium: the HTML report's screenshot test (skipped, with the reason, without it)
 	@if [ ! -x /usr/bin/chromium ]; then \
 	  echo "installing Debian's chromium (headless screenshot of the HTML report)"; \

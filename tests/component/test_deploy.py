@@ -591,8 +591,8 @@ def test_compose_config_accepted_by_docker_compose():
 
 def test_compose_services_ports_and_healthchecks(compose):
     services = compose["services"]
-    assert set(services) == {"sim", "soakd", "prometheus", "grafana"}
-    expected = {"sim": 8000, "soakd": METRICS_PORT, "prometheus": 9090, "grafana": 3000}
+    assert set(services) == {"sim", "soakd", "prometheus", "alertmanager", "grafana"}
+    expected = {"sim": 8000, "soakd": METRICS_PORT, "prometheus": 9090, "alertmanager": 9093, "grafana": 3000}
     for name, port in expected.items():
         svc = services[name]
         assert _published(svc) == [("127.0.0.1", port, port)], f"{name}: published on 127.0.0.1:{port} only"
@@ -649,6 +649,14 @@ def test_compose_prometheus_loads_the_rules_and_scrapes_soakd(compose):
     assert "alerts.yml" in [Path(r).name for r in prom["rule_files"]]
     targets = [t for job in prom["scrape_configs"] for sc in job.get("static_configs", []) for t in sc["targets"]]
     assert f"soakd:{METRICS_PORT}" in targets
+    # alerts go to the stack's Alertmanager, which reads deploy/alertmanager/alertmanager.yml
+    (am,) = prom["alerting"]["alertmanagers"]
+    assert am["static_configs"][0]["targets"] == ["alertmanager:9093"]
+    svc = compose["services"]["alertmanager"]
+    mounts = dict((dest, src) for src, dest in _bind_mounts(svc))
+    config_in_container = next(a for a in svc["command"] if a.startswith("--config.file=")).split("=", 1)[1]
+    assert (mounts[str(Path(config_in_container).parent)] / Path(config_in_container).name) == \
+        REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 
 
 def test_compose_grafana_provisioning(compose):

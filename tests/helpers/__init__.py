@@ -192,6 +192,7 @@ def tool(name: str, how: str) -> str:
 
 
 PROMETHEUS_HINT = "`make test` installs Debian's prometheus package (promtool and the server)"
+ALERTMANAGER_HINT = "`make test` installs Debian's prometheus-alertmanager package (amtool and the server)"
 
 
 def report_of(state_dir: Path, run_id: str | None = None) -> dict[str, Any]:
