@@ -55,11 +55,20 @@ from soakd.core.tracked import METRICS
 __all__ = ["DIAGNOSES", "TROUBLESHOOTING", "Finding", "diagnose"]
 
 Window = WindowSummary
-Kind = Literal["drift", "leak", "throttle", "canary", "errors", "freeze", "target", "ab"]
+Kind = Literal["drift", "leak", "throttle", "canary", "errors", "freeze", "target", "ab", "gpu"]
 Severity = Literal["info", "warning", "critical"]
 
 # diagnosis -> (what is seen, what to check): the method's troubleshooting table, for the report.
 TROUBLESHOOTING: dict[str, tuple[str, str]] = {
+    "GPU Xid error": (
+        "the GPU driver reported a critical Xid event (NVML): the GPU faulted, whatever latency did",
+        "the Xid code's meaning and action (README: GPU errors), dmesg/journalctl -k, nvidia-smi -q, "
+        "nvidia-bug-report.sh",
+    ),
+    "uncorrectable ECC error": (
+        "new uncorrected (double-bit) ECC errors in device memory during the run",
+        "nvidia-smi -q -d ECC,ROW_REMAPPER (remapping pending: reset the GPU); repeated errors: replace the GPU",
+    ),
     "throttling": (
         "latency or throughput drift while a power or thermal clocks-event reason is active",
         "cooling (airflow, inlet temperature), power cap and power-brake settings, SM clock history",

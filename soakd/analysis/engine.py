@@ -19,6 +19,7 @@ from soakd.analysis import leak as leak_mod
 from soakd.analysis import levels as levels_mod
 from soakd.analysis import throttle as throttle_mod
 from soakd.analysis.diagnosis import Finding, diagnose
+from soakd.analysis.gpu_errors import GpuErrors
 from soakd.analysis.periodic import PeriodicDrops, periodic_drops
 from soakd.config.analysis import AnalysisConfig
 from soakd.core.summary import QuiesceProbe, WindowSummary
@@ -158,6 +159,7 @@ class Analyzer:
         self._capped_reported = False
         self.run_drift: changes_mod.RunDrift | None = None
         self.periodic: PeriodicDrops | None = None
+        self.gpu_errors = GpuErrors()
 
     @property
     def last_window(self) -> Window | None:
@@ -177,6 +179,8 @@ class Analyzer:
         for w in full:
             self._add_to_pool(w)
             self._add_levels(w)
+        for w in windows:  # partial ones too: their counters are the latest of their segment
+            self.gpu_errors.prime(w)
 
     # ---- the baseline pool and the level series
     def _poolable(self, w: Window) -> bool:
@@ -284,10 +288,13 @@ class Analyzer:
         revised = [lk for lk in leaks if not lk.suspected and self.leaks.get(lk.source) is not None
                    and self.leaks[lk.source].suspected]
         self.leaks = {lk.source: lk for lk in leaks}
+        gpu_findings = self.gpu_errors.add(w)  # critical at once, in a partial window too
+        for f in gpu_findings:
+            self._finding(f)
         if w.partial:
             # the window cut short by the end of the run: reported, not judged
             self.stability = drift_mod.stability(full, cfg.drift)
-            return []
+            return gpu_findings
         for lk in revised:
             self._event("leak", "info", f"leak finding revised: {lk.message()}", lk.to_dict(), w.window)
         kv_res = self.leaks.get("kv_residue")

@@ -118,6 +118,15 @@ _REDUCE = {
 }
 
 
+# GPU error counters, kept per GPU (uuid): the count of critical Xid events since soakd started, the
+# code of the last one, and the volatile uncorrected ECC count
+_GPU_ERRORS = {
+    "soakd_gpu_xid_errors_total": "xid_total",
+    "soakd_gpu_last_xid": "last_xid",
+    "soakd_gpu_ecc_errors_total": "ecc_uncorrected",
+}
+
+
 def reduce_snapshot(series: Iterable[Series]) -> tuple[dict[str, float], dict[str, dict[str, bool]]]:
     """One snapshot -> {window key: value} and {gpu: {reason: active}}."""
     grouped = _by_name(series)
@@ -155,6 +164,8 @@ class TelemetryStats:
         self.reason_active: dict[str, dict[str, int]] = {}  # gpu -> reason -> samples it was active in
         self.energy_joules = 0.0
         self.energy_seconds = 0.0
+        # per GPU (uuid): the GPU error counters' values in the window (soakd.analysis.gpu_errors)
+        self.gpu_errors: dict[str, dict[str, float]] = {}
 
     def add_energy(self, joules: float, seconds: float) -> None:
         """Energy used between two readings of the counter while load was running (the router
@@ -162,7 +173,18 @@ class TelemetryStats:
         self.energy_joules += joules
         self.energy_seconds += seconds
 
+    def _add_gpu_errors(self, series: Iterable[Series]) -> None:
+        for s in series:
+            key = _GPU_ERRORS.get(s.name)
+            if key is None or (s.name == "soakd_gpu_ecc_errors_total" and s.label("kind") != "uncorrected"):
+                continue
+            gpu = self.gpu_errors.setdefault(s.label("uuid") or s.label("gpu") or "0", {})
+            gpu.setdefault(f"{key}_first", s.value)
+            gpu[key] = s.value
+
     def add(self, series: Iterable[Series], t: float) -> None:
+        series = list(series)
+        self._add_gpu_errors(series)
         values, reasons = reduce_snapshot(series)
         for key, v in values.items():
             agg = self.aggs.get(key)
@@ -198,6 +220,7 @@ class TelemetryStats:
             memory_used_bytes=self._stat(MemoryStat, "memory_used_bytes"),
             memory_total_bytes=self.aggs["memory_total_bytes"].hi if "memory_total_bytes" in self.aggs else None,
             target_gpu_memory_bytes=self._stat(MemoryStat, "target_gpu_memory_bytes"),
+            gpu_errors={g: dict(v) for g, v in sorted(self.gpu_errors.items())} or None,
         )
         if self.energy_seconds > 0:
             d.energy_joules = self.energy_joules

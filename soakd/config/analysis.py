@@ -309,8 +309,8 @@ class ClientConfig(_Model):
 
 
 class VerdictConfig(_Model):
-    fail_on: list[Literal["drift", "leak", "throttle", "errors", "canary", "freeze", "target", "ab"]] = Field(
-        default_factory=lambda: ["drift", "leak", "throttle", "errors", "canary", "freeze", "ab"],
+    fail_on: list[Literal["drift", "leak", "throttle", "errors", "canary", "freeze", "target", "ab", "gpu"]] = Field(
+        default_factory=lambda: ["drift", "leak", "throttle", "errors", "canary", "freeze", "ab", "gpu"],
         description="Finding kinds that fail the run (exit code 1).",
     )
     error_budget: float = Field(

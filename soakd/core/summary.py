@@ -115,6 +115,10 @@ class DeviceSummary(_Sparse):
     memory_used_bytes: MemoryStat | None = None
     memory_total_bytes: float | None = None
     target_gpu_memory_bytes: MemoryStat | None = None
+    # per GPU (uuid): the last value in the window of xid_total (critical Xid events since soakd started),
+    # last_xid (the code of the last one), ecc_uncorrected (volatile uncorrected ECC errors), and the
+    # first value of each (``<name>_first``)
+    gpu_errors: dict[str, dict[str, float]] | None = None
 
 
 class ServerSummary(_Sparse):

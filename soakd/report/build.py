@@ -31,7 +31,7 @@ __all__ = ["FINDING_GROUPS", "REPORT_SCHEMA", "ReportError", "build_report"]
 
 REPORT_SCHEMA = "soakd-report/1"
 # Event kinds, in the order the report shows their groups ("canary_reference" joins "canary").
-FINDING_GROUPS = ("drift", "leak", "throttle", "canary", "errors", "target", "quiesce", "segment", "baseline")
+FINDING_GROUPS = ("gpu", "drift", "leak", "throttle", "canary", "errors", "target", "quiesce", "segment", "baseline")
 _GROUP_OF = {"canary_reference": "canary"}
 _SECRET_KEY = re.compile(r"(^|_)(api_?key|password|passwd|secret|token|authorization|bearer|credentials?)$", re.I)
 
@@ -356,7 +356,7 @@ def build_report(reader: StoreReader, run_id: str | None = None, *, generated_un
     findings, troubleshooting = _findings(events)
 
     notes_by_window: dict[int, list[str]] = {}
-    for kind in ("drift", "leak", "throttle", "canary", "errors", "target"):
+    for kind in ("gpu", "drift", "leak", "throttle", "canary", "errors", "target"):
         for ev in findings.get(kind, []):
             if ev["window"] is None or ev["severity"] not in ("warning", "critical"):
                 continue

@@ -9,8 +9,9 @@ One ``<testsuite>`` per run, one ``<testcase>`` per verdict check:
 - ``soakd.drift``: each tracked metric: failed when a finding that fails the run names it (a drift,
   or throttling whose drift it is), skipped when no window had the metric;
 - ``soakd.leak``: each judged memory source (device memory, KV cache, its residue);
-- ``soakd.throttle``, ``soakd.errors``, ``soakd.canary``, ``soakd.freeze``, ``soakd.target``: one case
-  each, skipped when there was nothing to judge (no device telemetry, the canary off);
+- ``soakd.gpu`` (Xid and uncorrected ECC errors), ``soakd.throttle``, ``soakd.errors``, ``soakd.canary``,
+  ``soakd.freeze``, ``soakd.target``: one case each, skipped when there was nothing to judge (no
+  device telemetry, the canary off);
 - ``soakd.ab``: each A/B comparison over the run (candidate x metric), and ``soakd.targets`` each
   other target's own verdict;
 - ``soakd.windows``: each window: skipped when it was not judged (partial, client-impaired, the
@@ -31,7 +32,7 @@ from soakd.analysis.engine import failing_reason
 
 __all__ = ["render_junit"]
 
-_CHECK_KINDS = ("throttle", "errors", "canary", "freeze", "target")
+_CHECK_KINDS = ("gpu", "throttle", "errors", "canary", "freeze", "target")
 # characters XML 1.0 cannot carry (a garbled server answer quoted in a finding)
 _NOT_XML = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
@@ -174,7 +175,7 @@ def checks(report: dict[str, Any]) -> list[Case]:
         mine = [r for r in reasons if r.startswith(f"{kind}:")]
         if mine:
             _failed(case, mine)
-        elif kind == "throttle" and not tel.get("device"):
+        elif kind in ("throttle", "gpu") and not tel.get("device"):
             _skipped(case, "no device telemetry (no GPU visible to soakd)")
         elif kind == "canary" and not canary_on:
             _skipped(case, "the canary did not run")

@@ -451,6 +451,47 @@ async def test_device_memory_leak_is_diagnosed_as_memory_leak(tmp_path: Path) ->
 
 
 @pytest.mark.timeout(120)
+async def test_xid_and_uncorrected_ecc_errors_fail_the_run_at_once(tmp_path: Path) -> None:
+    """The simulated GPU (the fake NVML bound to it) has 5 uncorrected ECC errors from before the run;
+    half a second into window 2 of 5 it reports Xid 79 and two more uncorrected ECC errors. The NVML
+    sampler reads them at its next sample (0.25 s): critical ``gpu`` findings of that window, with the
+    code's meaning, and the verdict FAILs on them; the 5 old ECC errors are no finding."""
+    k = 2
+
+    async def attempt(state_dir: Path) -> Soak:
+        async with SimServer(SimConfig(**SIM)) as sim:
+            fake_pynvml.bind(sim.device)
+            gpu = fake_pynvml.scenario.gpus[0]
+            gpu.ecc_uncorrected = 5
+            soak = Soak(soak_config(sim, state_dir, windows=5, window=2.0, nvml=True), nvml=fake_pynvml)
+            tl = await soak.timeline()
+            loop = asyncio.get_running_loop()
+            await asyncio.sleep(tl.window_bounds(k)[0] + 0.5 - loop.time())
+            gpu.xid(79)
+            gpu.ecc_uncorrected += 2
+            await soak.finish(40)
+        return soak
+
+    soak = await attempt(tmp_path / "run")
+    d, final = soak.daemon, soak.final
+    found = {f["diagnosis"]: f for f in d.analyzer.findings if f["kind"] == "gpu"}
+    assert set(found) == {"GPU Xid error", "uncorrectable ECC error"}, d.analyzer.findings
+    xid, ecc = found["GPU Xid error"], found["uncorrectable ECC error"]
+    # the window of the first sample after the event: k, or k + 1 if the sampler ran 1.5 s late
+    assert xid["window"] in (k, k + 1) and ecc["window"] == xid["window"], (xid, ecc, soak.stalls_by_window())
+    assert xid["severity"] == ecc["severity"] == "critical"
+    assert xid["evidence"]["xid"] == 79 and xid["evidence"]["events"] == 1
+    assert "GPU has fallen off the bus" in xid["message"] and "reboot the node" in xid["message"]
+    assert ecc["evidence"]["ecc_uncorrected"] == 2 and ecc["evidence"]["total"] == 7
+    reasons = final["verdict"]["reasons"]
+    assert f"gpu: GPU Xid error (window {xid['window']})" in reasons
+    assert f"gpu: uncorrectable ECC error (window {ecc['window']})" in reasons and not final["verdict"]["passed"]
+    stored = [e for e in events(soak.state_dir, d.run_id) if e.kind == "gpu"]
+    assert len(stored) == 2 and all(e.severity == "critical" for e in stored)
+    print(f"\nGPU errors: {xid['message']}; {ecc['message']}")
+
+
+@pytest.mark.timeout(120)
 async def test_thermal_throttle_episode_is_diagnosed_as_throttling(tmp_path: Path) -> None:
     """A thermal-throttling episode (SM clock at 0.5 of max: sw_thermal and hw_thermal, every
     latency x2) from the start of window 4 to 0.3 s before the end of window 5 of 8 (2 s windows,

@@ -19,6 +19,9 @@ the verdict gains ``drift`` (change points, segment changes, trends), ``leaks`` 
 the end of the run finds the latency step as one *confident* change; the device-memory growth is
 that of the sustained part. Everything else is as the release before the move wrote it.
 
+``live-shape.json`` was extended for issue 13 by one key: the device summary's ``gpu_errors`` (the
+simulated GPU's Xid and uncorrected-ECC counters, per uuid); nothing else moved.
+
 1. ``report-*.{json,md}``: ``soakd report`` of the two runs in ``tests/fixtures/state-v2`` (a
    state dir that release wrote: a finished run with throttling, a power cap and a latency step,
    and a resumable run stopped by SIGTERM), exact modulo the generation time.
