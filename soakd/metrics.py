@@ -297,12 +297,23 @@ CATALOGUE: tuple[MetricSpec, ...] = (
                "The server's own inter-token latency histogram: sum of seconds.", group="server"),
     MetricSpec("soakd_server_itl_tokens_total", "counter",
                "The server's own inter-token latency histogram: count of gaps.", group="server"),
+    MetricSpec("soakd_server_process_resident_memory_bytes", "gauge",
+               "The server's own process_resident_memory_bytes (Python servers: vLLM, SGLang), the target's host "
+               "memory when its processes are not visible to soakd.", group="server"),
+    MetricSpec("soakd_server_process_start_time_seconds", "gauge",
+               "The server's own process_start_time_seconds: a new value is a restarted server.", group="server"),
+    MetricSpec("soakd_server_restarts_total", "counter",
+               "Server restarts soakd recognised in the server's metrics since soakd started: a new process start "
+               "time, or one of its cumulative counters lower than at the previous scrape.", group="server"),
     # ---- host
     MetricSpec("soakd_self_resident_memory_bytes", "gauge", "soakd's resident memory.", group="host"),
     MetricSpec("soakd_self_cpu_seconds_total", "counter", "soakd's CPU time (user + system).", group="host"),
     MetricSpec("soakd_self_open_fds", "gauge", "soakd's open file descriptors.", group="host"),
     MetricSpec("soakd_target_resident_memory_bytes", "gauge",
                "Resident memory of the target's process(es), when visible in soakd's PID namespace.", group="host"),
+    MetricSpec("soakd_target_anon_memory_bytes", "gauge",
+               "Anonymous resident memory plus swap of the target's process(es) (/proc/PID/status RssAnon + VmSwap): "
+               "what a heap leak grows, also once it is swapped out.", group="host"),
     MetricSpec("soakd_target_cpu_seconds_total", "counter", "CPU time of the target's process(es), when visible.",
                group="host"),
 )

@@ -8,6 +8,7 @@ reads its state for /metrics. It holds the run's one in-memory window history.
 
 from __future__ import annotations
 
+
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -21,6 +22,7 @@ from soakd.analysis import throttle as throttle_mod
 from soakd.analysis.diagnosis import Finding, diagnose
 from soakd.analysis.gpu_errors import GpuErrors
 from soakd.analysis.periodic import PeriodicDrops, periodic_drops
+from soakd.analysis.restarts import ServerRestarts
 from soakd.config.analysis import AnalysisConfig
 from soakd.core.summary import QuiesceProbe, WindowSummary
 
@@ -160,6 +162,7 @@ class Analyzer:
         self.run_drift: changes_mod.RunDrift | None = None
         self.periodic: PeriodicDrops | None = None
         self.gpu_errors = GpuErrors()
+        self.restarts = ServerRestarts()  # recognised in the server's metrics
 
     @property
     def last_window(self) -> Window | None:
@@ -181,6 +184,7 @@ class Analyzer:
             self._add_levels(w)
         for w in windows:  # partial ones too: their counters are the latest of their segment
             self.gpu_errors.prime(w)
+            self.restarts.count(w)
 
     # ---- the baseline pool and the level series
     def _poolable(self, w: Window) -> bool:
@@ -289,6 +293,9 @@ class Analyzer:
                    and self.leaks[lk.source].suspected]
         self.leaks = {lk.source: lk for lk in leaks}
         gpu_findings = self.gpu_errors.add(w)  # critical at once, in a partial window too
+        restarts = self.restarts.count(w)
+        if w.partial and restarts:
+            self.restarts.report(w, restarts, gpu_findings)
         for f in gpu_findings:
             self._finding(f)
         if w.partial:
@@ -311,6 +318,8 @@ class Analyzer:
         freeze = self._freeze(w)
         if freeze is not None:
             findings.append(freeze)
+        if restarts:
+            self.restarts.report(w, restarts, findings)
         if w.client is not None and w.client.impaired:
             self._event("client", "info", f"window {w.window} is client-impaired (shown, not judged): "
                         f"{w.client.impaired_reason}", w.client.model_dump(), w.window)

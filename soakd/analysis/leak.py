@@ -11,7 +11,9 @@ Method:
     load spike only raises the maximum, so the minimum is the comparable value.
   - ``target_gpu_memory``: ``device.target_gpu_memory_bytes.min`` (the target process's own
     GPU memory), same reason.
-  - ``target_rss``: ``host.target_rss_bytes.min`` (the target's resident set), same reason.
+  - ``target_rss``: the target's host memory: ``host.target_anon_bytes.min`` (anonymous resident memory
+    plus swap, /proc in a shared PID namespace) where there is one, else ``host.target_rss_bytes.min``
+    (its resident set from /proc, or the server's own ``process_resident_memory_bytes``), same reason.
   - ``kv_cache``: ``server.kv_cache_usage_ratio.mean`` (KV usage at the window's load; growth
     in ratio per hour, not bytes).
 
@@ -184,7 +186,8 @@ _num = as_float
 _SOURCES: dict[str, tuple[Any, str]] = {
     "device_memory": (lambda w: w.device.memory_used_bytes, "min"),
     "target_gpu_memory": (lambda w: w.device.target_gpu_memory_bytes, "min"),
-    "target_rss": (lambda w: w.host.target_rss_bytes, "min"),
+    # anonymous memory + swap where /proc shows it (a leak swapped out leaves RSS, not this), else RSS
+    "target_rss": (lambda w: w.host.target_anon_bytes or w.host.target_rss_bytes, "min"),
     "kv_cache": (lambda w: w.server.kv_cache_usage_ratio, "mean"),
 }
 

@@ -114,6 +114,9 @@ _REDUCE = {
     "soakd_server_itl_seconds_total": ("server_itl_seconds", "sum"),
     "soakd_server_itl_tokens_total": ("server_itl_count", "sum"),
     "soakd_target_resident_memory_bytes": ("target_rss_bytes", "sum"),
+    "soakd_target_anon_memory_bytes": ("target_anon_bytes", "sum"),
+    "soakd_server_process_resident_memory_bytes": ("server_rss_bytes", "sum"),
+    "soakd_server_restarts_total": ("server_restarts_total", "sum"),
     "soakd_self_resident_memory_bytes": ("self_rss_bytes", "sum"),
 }
 
@@ -250,8 +253,17 @@ class TelemetryStats:
                              requests_waiting=self._stat(MeanMax, "requests_waiting"),
                              requests_running=self._stat(MeanMax, "requests_running"),
                              ttft_mean_seconds=self._mean_of_counters("server_ttft_seconds", "server_ttft_count"),
-                             itl_mean_seconds=self._mean_of_counters("server_itl_seconds", "server_itl_count"))
+                             itl_mean_seconds=self._mean_of_counters("server_itl_seconds", "server_itl_count"),
+                             restarts_total=self.aggs["server_restarts_total"].last
+                             if "server_restarts_total" in self.aggs else None)
 
     def host(self) -> HostSummary:
-        return HostSummary(target_rss_bytes=self._stat(HostMemoryStat, "target_rss_bytes"),
+        """The target's memory from /proc when its processes are visible (a shared PID namespace), else
+        the server's own process_resident_memory_bytes (``target_memory_source`` says which)."""
+        proc = self._stat(HostMemoryStat, "target_rss_bytes")
+        rss = proc if proc is not None else self._stat(HostMemoryStat, "server_rss_bytes")
+        return HostSummary(target_rss_bytes=rss,
+                           target_anon_bytes=self._stat(HostMemoryStat, "target_anon_bytes"),
+                           target_memory_source=("proc" if proc is not None else "server_metrics")
+                           if rss is not None else None,
                            self_rss_bytes=self._stat(HostMemoryStat, "self_rss_bytes"))

@@ -344,7 +344,8 @@ class HostSamplerConfig(_Model):
     enabled: bool = Field(True, description="soakd's own RSS/CPU/fds, and the target's RSS/CPU when visible.")
     target_pid: int | None = Field(None, ge=1, description="PID of the target server process (same PID namespace).")
     target_process_name: str | None = Field(
-        None, description="Or a substring of the target's command line to find its processes (e.g. vllm)."
+        None, description="Or a substring of the target's command line (any case) to find its processes (e.g. "
+        "vllm: the API server and its VLLM::EngineCore)."
     )
     interval: Duration | None = Field(None, gt=0, description="Sampling interval; default samplers.interval.")
 

@@ -187,6 +187,14 @@ class SimFaults(BaseModel):
             "device.idle_power_watts and device.power_limit_watts."
         ),
     )
+    host_memory_leak_bytes_per_hour: ByteSize = Field(
+        ByteSize(0),
+        description=(
+            "The server process's host memory (its process_resident_memory_bytes in /metrics, as a "
+            "Python server exports it) grows by this much per hour of uptime (bytes, or e.g. '10GiB'): "
+            "a host-RAM cache that is never evicted. Released when the server restarts."
+        ),
+    )
     device_memory_leak_bytes_per_hour: ByteSize = Field(
         ByteSize(0),
         description=(

@@ -127,10 +127,13 @@ class ServerSummary(_Sparse):
     requests_running: MeanMax | None = None
     ttft_mean_seconds: float | None = None  # the server's own, from its histogram's sum and count in the window
     itl_mean_seconds: float | None = None
+    restarts_total: float | None = None  # server restarts soakd recognised since it started (last in the window)
 
 
 class HostSummary(_Sparse):
-    target_rss_bytes: HostMemoryStat | None = None
+    target_rss_bytes: HostMemoryStat | None = None  # /proc RSS, else the server's process_resident_memory_bytes
+    target_anon_bytes: HostMemoryStat | None = None  # /proc RssAnon + VmSwap
+    target_memory_source: str | None = None  # proc | server_metrics
     self_rss_bytes: HostMemoryStat | None = None
 
 

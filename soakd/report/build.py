@@ -21,6 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 from soakd import __version__
 from soakd.analysis.diagnosis import TROUBLESHOOTING
 from soakd.analysis.drift import baseline_from_report, choose_baseline
+from soakd.analysis.restarts import restarts_by_window
 from soakd.analysis.stats import as_float
 from soakd.config.analysis import DriftConfig
 from soakd.core.summary import WindowSummary
@@ -241,7 +242,8 @@ def _baseline(reader_baseline: tuple[int, WindowSummary] | None, windows: list[W
     return own, used, info
 
 
-def _window_row(w: WindowSummary, baseline_idx: int | None, notes: Iterable[str]) -> dict[str, Any]:
+def _window_row(w: WindowSummary, baseline_idx: int | None, notes: Iterable[str],
+                restarts: int = 0) -> dict[str, Any]:
     dev, srv = w.device, w.server
     oc = w.outcomes
     requests = w.requests
@@ -256,6 +258,8 @@ def _window_row(w: WindowSummary, baseline_idx: int | None, notes: Iterable[str]
         flags.append("partial")
     if w.target_down_seconds:
         flags.append("target down")
+    if restarts:
+        flags.append(f"server restarted x{restarts}" if restarts > 1 else "server restarted")
     flags.extend(notes)
     return {
         "window": w.window,
@@ -280,6 +284,7 @@ def _window_row(w: WindowSummary, baseline_idx: int | None, notes: Iterable[str]
         "kv_cache_usage_ratio": kv,
         "joules_per_token": dev.energy_per_output_token_joules,
         "notes": flags,
+        "server_restarts": restarts,
         **({"goodput_ratio": w.goodput.ratio} if w.goodput is not None else {}),
     }  # fmt: skip
 
@@ -365,13 +370,16 @@ def build_report(reader: StoreReader, run_id: str | None = None, *, generated_un
             if label not in lst:
                 lst.append(label)
     baseline_idx = base_info["window"] if base_info["source"] == "this run" else None
-    rows = [_window_row(w, baseline_idx, notes_by_window.get(w.window, [])) for w in windows]
+    restarts = restarts_by_window(windows)
+    rows = [_window_row(w, baseline_idx, notes_by_window.get(w.window, []), restarts.get(w.window, 0))
+            for w in windows]
 
     report: dict[str, Any] = {
         "schema": REPORT_SCHEMA,
         "generated_at": iso(generated_unix if generated_unix is not None else time.time()),
         "generated_by": f"soakd {__version__}",
-        "run": _run_section(run, config, segments, windows, _server_kind(reader, run.id)),
+        "run": {**_run_section(run, config, segments, windows, _server_kind(reader, run.id)),
+                "server_restarts": sum(restarts.values())},
         "verdict": _verdict_section(run),
         "baseline_window": base_info["window"],
         "baseline_info": base_info,

@@ -27,8 +27,24 @@ def read_stat(pid: int | str, proc: str = "/proc") -> tuple[float, int]:
     return (utime + stime) / _TICKS, rss_pages * _PAGE
 
 
+def read_anon_swap(pid: int | str, proc: str = "/proc") -> int | None:
+    """Anonymous resident memory plus swap of a process, in bytes (/proc/<pid>/status RssAnon + VmSwap):
+    what a heap leak grows, also once the kernel swaps it out (RSS alone then falls). None where the
+    kernel does not report RssAnon (before 4.5)."""
+    anon = swap = None
+    with open(f"{proc}/{pid}/status", "rb") as fh:
+        for line in fh:
+            if line.startswith(b"RssAnon:"):
+                anon = int(line.split()[1]) * 1024
+            elif line.startswith(b"VmSwap:"):
+                swap = int(line.split()[1]) * 1024
+    return None if anon is None else anon + (swap or 0)
+
+
 def find_pids(name: str, proc: str = "/proc", exclude: int | None = None) -> set[int]:
-    """PIDs whose command line contains ``name``."""
+    """PIDs whose command line contains ``name``, ignoring case (vLLM's engine core renames itself
+    ``VLLM::EngineCore``)."""
+    name = name.lower()
     out: set[int] = set()
     for entry in os.listdir(proc):
         if not entry.isdigit() or int(entry) == exclude:
@@ -38,7 +54,7 @@ def find_pids(name: str, proc: str = "/proc", exclude: int | None = None) -> set
                 cmd = fh.read().replace(b"\0", b" ").decode("utf-8", "replace")
         except OSError:
             continue
-        if name in cmd:
+        if name in cmd.lower():
             out.add(int(entry))
     return out
 
@@ -75,18 +91,26 @@ class HostSampler:
         pids = self.target_pids()
         if pids:
             t_cpu = t_rss = 0.0
+            t_anon: float | None = 0.0
             seen = 0
             for pid in pids:
                 try:
                     c, r = read_stat(pid, self.proc)
                 except (OSError, ValueError):
                     continue
+                try:
+                    a = read_anon_swap(pid, self.proc)
+                except (OSError, ValueError, IndexError):
+                    a = None
                 t_cpu += c
                 t_rss += r
+                t_anon = None if a is None or t_anon is None else t_anon + a
                 seen += 1
             if seen:
                 out.append(series("soakd_target_resident_memory_bytes", t_rss))
                 out.append(series("soakd_target_cpu_seconds_total", t_cpu))
+                if t_anon is not None:
+                    out.append(series("soakd_target_anon_memory_bytes", t_anon))
         return out
 
     async def sample(self) -> Sequence[Series]:

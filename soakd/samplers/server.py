@@ -31,6 +31,12 @@ Normalised series (catalogue group "server"):
   differences give the server's mean TTFT and ITL, which the window summary sets beside soakd's
   (``soakd_window_server_latency_difference_seconds``: what the network and the client add).
 - ``soakd_server_info{kind}``: the detected table's kind.
+- ``soakd_server_process_resident_memory_bytes`` / ``_process_start_time_seconds``: the server's own
+  ``process_*`` series where it exports them (Python servers through prometheus_client): its host
+  memory when soakd cannot see its processes, and its start time.
+- ``soakd_server_restarts_total``: restarts recognised between scrapes (``RestartDetector``: a new
+  process start time, or a cumulative counter that went down); rates over a restart never go
+  negative (the window's server means are None across it, Prometheus' ``rate()`` handles resets).
 
 Children that are copies of one scheduler's value are merged by max before aggregating (SGLang
 ``tp_rank``/``pp_rank`` with ``--enable-metrics-for-all-schedulers``; the ``pid`` label
@@ -328,7 +334,50 @@ def normalise(table: ServerTable, expo: Exposition) -> tuple[list[Series], bool]
                 out.append(series(f"soakd_server_{what}_seconds_total", seconds))
                 out.append(series(f"soakd_server_{what}_{unit}_total", count))
                 break
+    # prometheus_client's process collector (Python servers: vLLM, SGLang): the serving process's host
+    # memory, and its start time (a new one: the server restarted)
+    for source, name, how in (("process_resident_memory_bytes", "soakd_server_process_resident_memory_bytes", total),
+                              ("process_start_time_seconds", "soakd_server_process_start_time_seconds",
+                               lambda cs: max(c.value for c in cs))):  # fmt: skip
+        children = _gauge(expo, (Ref(source),), ())
+        if children:
+            out.append(series(name, how(children)))
     return out, kv is not None
+
+
+# cumulative series of one server process: lower than at the previous scrape, the server restarted
+_CUMULATIVE = ("soakd_server_preemptions_total", "soakd_server_ttft_seconds_total", "soakd_server_ttft_requests_total",
+               "soakd_server_itl_seconds_total", "soakd_server_itl_tokens_total")
+
+
+class RestartDetector:
+    """Server restarts in successive scrapes: a new ``process_start_time_seconds``, or a cumulative
+    counter below its previous value (servers without the process collector: TGI, llama.cpp,
+    TensorRT-LLM). A scrape that fails in between (the server down) changes nothing: the next one
+    that answers is compared with the last one that did."""
+
+    def __init__(self) -> None:
+        self.restarts = 0
+        self._start: float | None = None
+        self._prev: dict[str, float] = {}
+
+    def update(self, out: list[Series]) -> str | None:
+        """Why the server restarted since the previous scrape, or None."""
+        values = {s.name: s.value for s in out}
+        why = None
+        start = values.get("soakd_server_process_start_time_seconds")
+        if start is not None and self._start is not None and start > self._start + 0.5:
+            why = f"process start time moved {start - self._start:.0f} s later"
+        for name in _CUMULATIVE:
+            v, before = values.get(name), self._prev.get(name)
+            if why is None and v is not None and before is not None and v < before:
+                why = f"{name.removeprefix('soakd_server_')} fell from {before:g} to {v:g}"
+        if start is not None:
+            self._start = start
+        self._prev.update({k: values[k] for k in _CUMULATIVE if k in values})
+        if why is not None:
+            self.restarts += 1
+        return why
 
 
 # ---------------------------------------------------------------------------------------------
@@ -352,6 +401,7 @@ class ServerSampler:
         self.url: str | None = None  # the URL that answered with known metrics (tried first)
         self._scraper = Scraper(session_factory)
         self._no_kv_logged: set[str] = set()
+        self.restarts = RestartDetector()
 
     async def sample(self) -> list[Series]:
         expo, url = await self._scrape()
@@ -363,6 +413,10 @@ class ServerSampler:
             self.table = table
         self.url = url
         out, has_kv = normalise(table, expo)
+        why = self.restarts.update(out)
+        if why is not None:
+            log.warning("server_restart_detected", url=redact_url(url), restarts=self.restarts.restarts, why=why)
+        out.append(series("soakd_server_restarts_total", self.restarts.restarts))
         if not has_kv and table.name not in self._no_kv_logged:
             self._no_kv_logged.add(table.name)
             log.info("server_no_kv_gauge", kind=table.kind, url=redact_url(url),

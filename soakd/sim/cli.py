@@ -45,6 +45,7 @@ _FLAG_FIELDS: dict[str, tuple[str | None, str]] = {
     "power_cap_duration": ("faults", "power_cap_duration"),
     "power_cap_watts": ("faults", "power_cap_watts"),
     "device_memory_leak_per_hour": ("faults", "device_memory_leak_bytes_per_hour"),
+    "host_memory_leak_per_hour": ("faults", "host_memory_leak_bytes_per_hour"),
 }
 
 
@@ -125,6 +126,12 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         "--device-memory-leak-per-hour",
         default=None,
         help="device memory leaked per hour of uptime, e.g. 2GiB (default 0)",
+    )
+    d.add_argument(
+        "--host-memory-leak-per-hour",
+        default=None,
+        help="the server process's host memory (process_resident_memory_bytes) growth per hour of uptime "
+        "(default 0)",
     )
 
 

@@ -16,6 +16,9 @@ from soakd.sim.histograms import Histogram
 from soakd.sim.model import FINISH_REASONS, SimModel
 
 
+HOST_RSS_BASE = 600 * 2**20  # the simulated server process's resident memory at start
+
+
 class SimCollector:
     """Exposes a :class:`SimModel` with vLLM's current (V1 engine) metric names."""
 
@@ -44,6 +47,17 @@ class SimCollector:
             fam.add_metric(values, h.cumulative(), h.sum)
             return fam
 
+        # prometheus_client's process collector, as a Python server (vLLM, SGLang) exports it: a new
+        # start time per incarnation (a restart), and host memory that grows with the host-memory fault
+        uptime = max(0.0, m.clock() - m.started)
+        for name, doc, value in (
+            ("process_start_time_seconds", "Start time of the process since unix epoch in seconds.", m.started_unix),
+            ("process_resident_memory_bytes", "Resident memory size in bytes.",
+             HOST_RSS_BASE + float(cfg.faults.host_memory_leak_bytes_per_hour) * uptime / 3600.0),
+        ):
+            fam = GaugeMetricFamily(name, doc)
+            fam.add_metric([], value)
+            yield fam
         yield gauge(
             "vllm:num_requests_running", "Number of requests in model execution batches.", m.running
         )

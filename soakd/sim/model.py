@@ -111,6 +111,7 @@ class SimModel:
         self.config = config
         self.clock = clock
         self.started = clock()
+        self.started_unix = time.time()  # process_start_time_seconds of this incarnation
         seed = config.seed
         # Separate streams so jitter draws never shift the fault sequence and vice versa.
         self.fault_rng = random.Random(seed)

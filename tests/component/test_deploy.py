@@ -433,6 +433,9 @@ def test_soakd_command_line_and_config_wiring(rendered, tmp_path):
         assert cfg.target.url == "http://127.0.0.1:8000/v1"
         assert str(cfg.run.state_dir) == STATE_DIR and cfg.metrics.port == METRICS_PORT
         assert cfg.samplers.nvml.mode == "auto" and cfg.samplers.server.kind == "vllm"
+        # vLLM's processes in the shared PID namespace: its host memory, the leak signal
+        assert spec["shareProcessNamespace"] is True and cfg.samplers.host.target_process_name == "vllm"
+        assert "vllm" in vllm["command"]
         assert cfg.log.format == "json"
         assert spec["terminationGracePeriodSeconds"] > cfg.run.grace + 30
 

@@ -43,7 +43,7 @@ from soakd.config import SoakConfig, deep_merge, load_config
 from soakd.runtime import Runtime
 from soakd.sim import SimConfig, SimServer, fake_pynvml
 from soakd.store import StoreReader
-from helpers import wait_until
+from helpers import report_of, wait_until
 
 pytestmark = [pytest.mark.slow]
 
@@ -489,6 +489,63 @@ async def test_xid_and_uncorrected_ecc_errors_fail_the_run_at_once(tmp_path: Pat
     stored = [e for e in events(soak.state_dir, d.run_id) if e.kind == "gpu"]
     assert len(stored) == 2 and all(e.severity == "critical" for e in stored)
     print(f"\nGPU errors: {xid['message']}; {ecc['message']}")
+
+
+@pytest.mark.timeout(120)
+async def test_a_server_restart_is_recognised_from_its_metrics_and_is_no_leak(tmp_path: Path) -> None:
+    """The simulator restarts once, 0.3 s down, mid-run: its process_start_time_seconds moves on and its
+    counters start again. soakd counts one restart (``soakd_server_restarts_total``), reports it in
+    that window ('target restarted', with the restart's evidence), in the report's window row and
+    run section; the counters' reset gives no negative server mean and no leak finding."""
+
+    async def attempt(state_dir: Path) -> Soak:
+        async with SimServer(SimConfig(**SIM, faults={"restart_after": 6.0, "restart_downtime": 0.3})) as sim:
+            soak = Soak(soak_config(sim, state_dir, windows=6, window=2.0, samplers={"interval": 0.25}))
+            await soak.finish(60)
+            assert sim.restarts == 1
+        return soak
+
+    soak = await attempt(tmp_path / "run")
+    d, final = soak.daemon, soak.final
+    restarted = [f for f in d.analyzer.findings if f["diagnosis"] == "target restarted"]
+    assert len(restarted) == 1, d.analyzer.findings
+    f = restarted[0]
+    assert f["evidence"]["restarts"] == 1 and "by its own metrics" in f["message"], f
+    assert value(samples(d), "soakd_server_restarts_total") == 1
+    assert not [x for x in d.analyzer.findings if x["kind"] == "leak"]
+    assert all((w.get("server") or {}).get("ttft_mean_seconds") is None or w["server"]["ttft_mean_seconds"] > 0
+               for w in final["windows"])
+    rep = report_of(soak.state_dir, d.run_id)
+    assert rep["run"]["server_restarts"] == 1
+    (row,) = [r for r in rep["table"] if r["server_restarts"]]
+    assert row["window"] == f["window"] and "server restarted" in row["notes"]
+    print(f"\nrestart: window {f['window']}: {f['message']}")
+
+
+@pytest.mark.timeout(120)
+async def test_target_host_memory_leak_from_the_servers_own_metrics(tmp_path: Path) -> None:
+    """The simulated server's process_resident_memory_bytes grows 1 GiB/s (a host-RAM cache never
+    evicted, like llama.cpp's prompt cache); its processes are not visible to soakd, so the target's
+    host memory comes from the server's own metrics: a 'memory leak' finding of source target_rss."""
+
+    async def attempt(state_dir: Path) -> Soak:
+        async with SimServer(SimConfig(**SIM, faults={"host_memory_leak_bytes_per_hour": 3600 * GIB})) as sim:
+            soak = Soak(soak_config(sim, state_dir, windows=9))
+            await soak.finish(40)
+        return soak
+
+    soak = await attempt(tmp_path / "run")
+    d, final = soak.daemon, soak.final
+    hosts = [w.get("host") or {} for w in final["windows"] if not w["partial"]]
+    assert all(h.get("target_memory_source") == "server_metrics" for h in hosts), hosts
+    floors = [h["target_rss_bytes"]["min"] for h in hosts]
+    assert all(b > a for a, b in zip(floors, floors[1:])), floors
+    leaks = [f for f in d.analyzer.findings if f["kind"] == "leak" and f["evidence"]["source"] == "target_rss"]
+    assert len(leaks) == 1, d.analyzer.findings
+    ev = leaks[0]["evidence"]
+    assert leaks[0]["diagnosis"] == "memory leak" and 0.6 * 3600 * GIB < ev["growth_per_hour"] < 1.4 * 3600 * GIB
+    assert value(samples(d), "soakd_memory_leak_suspected", source="target_rss") == 1
+    print(f"\nhost memory: floors (GiB) {[round(x / GIB, 1) for x in floors]}; {leaks[0]['message']}")
 
 
 @pytest.mark.timeout(120)

@@ -19,8 +19,12 @@ the verdict gains ``drift`` (change points, segment changes, trends), ``leaks`` 
 the end of the run finds the latency step as one *confident* change; the device-memory growth is
 that of the sustained part. Everything else is as the release before the move wrote it.
 
-``live-shape.json`` was extended for issue 13 by one key: the device summary's ``gpu_errors`` (the
-simulated GPU's Xid and uncorrected-ECC counters, per uuid); nothing else moved.
+Extended for issue 13, by keys only: the device summary's ``gpu_errors`` (the simulated GPU's Xid and
+uncorrected-ECC counters, per uuid); the server summary's ``restarts_total``, the host summary's
+``target_memory_source`` (and, in the live run, ``target_rss_bytes`` from the simulator's own
+``process_resident_memory_bytes``, so the verdict's leak list judges it), the three new server
+series in the live run's /metrics, and ``server_restarts`` in the report's run section and rows.
+Nothing else moved.
 
 1. ``report-*.{json,md}``: ``soakd report`` of the two runs in ``tests/fixtures/state-v2`` (a
    state dir that release wrote: a finished run with throttling, a power cap and a latency step,

@@ -14,7 +14,7 @@ from structlog.testing import capture_logs
 from soakd.config import HostSamplerConfig
 from soakd.core.series import series
 from soakd.samplers.base import SamplerRunner, SamplerUnavailable, SnapshotCollector
-from soakd.samplers.host import HostSampler, read_stat
+from soakd.samplers.host import HostSampler, read_anon_swap, read_stat
 
 
 class FakeClock:
@@ -161,6 +161,8 @@ async def test_host_sampler_reads_self_and_target():
     assert out["soakd_self_open_fds"] >= 3
     assert out["soakd_target_resident_memory_bytes"] == pytest.approx(out["soakd_self_resident_memory_bytes"],
                                                                      rel=0.2)
+    # anonymous memory + swap (the heap): part of the resident set, from /proc/PID/status
+    assert 0 < out["soakd_target_anon_memory_bytes"] <= out["soakd_target_resident_memory_bytes"] * 1.5
 
 
 async def test_host_sampler_finds_target_by_name(tmp_path):
@@ -179,3 +181,36 @@ async def test_host_sampler_finds_target_by_name(tmp_path):
     out = {s.name: s.value for s in await h.sample()}
     assert out["soakd_target_resident_memory_bytes"] == 256 * os.sysconf("SC_PAGE_SIZE")
     assert out["soakd_target_cpu_seconds_total"] == pytest.approx(150 / os.sysconf("SC_CLK_TCK"))
+    assert "soakd_target_anon_memory_bytes" not in out  # no /proc/PID/status here: RSS only
+    # RssAnon + VmSwap: a leak the kernel swapped out still counts
+    (other / "status").write_text("Name:\tvllm\nVmRSS:\t  900000 kB\nRssAnon:\t  700000 kB\n"
+                                  "RssFile:\t  200000 kB\nVmSwap:\t  300000 kB\n")
+    out = {s.name: s.value for s in await h.sample()}
+    assert out["soakd_target_anon_memory_bytes"] == (700000 + 300000) * 1024
+    assert read_anon_swap(4242, str(proc)) == 1_000_000 * 1024
+    (other / "status").write_text("Name:\tvllm\nVmRSS:\t  900000 kB\n")  # a kernel before 4.5
+    assert read_anon_swap(4242, str(proc)) is None
+
+
+def test_restart_detector_start_time_counter_resets_and_scrapes_in_between() -> None:
+    from soakd.core.series import series
+    from soakd.samplers.server import RestartDetector
+
+    d = RestartDetector()
+
+    def scrape(start: float | None = None, **counters: float) -> str | None:
+        out = [series(f"soakd_server_{k}", v) for k, v in counters.items()]
+        if start is not None:
+            out.append(series("soakd_server_process_start_time_seconds", start))
+        return d.update(out)
+
+    assert scrape(1000.0, ttft_requests_total=10) is None and d.restarts == 0
+    assert scrape(1000.0, ttft_requests_total=50) is None
+    assert "process start time moved 300 s later" in (scrape(1300.0, ttft_requests_total=2) or "")
+    assert d.restarts == 1
+    # a server without process metrics (TGI, llama.cpp): a counter that went down
+    assert scrape(ttft_requests_total=40, preemptions_total=3) is None
+    assert scrape(ttft_requests_total=1, preemptions_total=0) == "preemptions_total fell from 3 to 0"
+    assert d.restarts == 2
+    # scrapes that failed in between change nothing; the same process again is no restart
+    assert scrape(ttft_requests_total=5) is None and scrape(ttft_requests_total=5) is None and d.restarts == 2

@@ -107,10 +107,13 @@ def as_dict(items: list[Series]) -> dict[tuple[str, tuple[tuple[str, str], ...]]
 
 
 def expected(kind: str, **values: float) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """What the sampler gives for one scrape (``soakd_server_restarts_total`` 0 unless ``restarts``)."""
     names = {"kv": "soakd_server_kv_cache_usage_ratio", "running": "soakd_server_requests_running",
              "waiting": "soakd_server_requests_waiting", "preemptions": "soakd_server_preemptions_total",
              "prefix": "soakd_server_prefix_cache_hit_ratio", "ttft_s": "soakd_server_ttft_seconds_total",
-             "ttft_n": "soakd_server_ttft_requests_total"}  # fmt: skip
+             "ttft_n": "soakd_server_ttft_requests_total", "rss": "soakd_server_process_resident_memory_bytes",
+             "start": "soakd_server_process_start_time_seconds", "restarts": "soakd_server_restarts_total"}  # fmt: skip
+    values.setdefault("restarts", 0)
     out = {("soakd_server_info", (("kind", kind),)): 1.0}
     for key, value in values.items():
         out[(names[key], ())] = value
@@ -135,7 +138,7 @@ def sampler_for(server: MetricsServer, **config: str) -> ServerSampler:
 GOLDEN = [
     # the server's own TTFT histogram: its sum and count, over both engines
     ("vllm_v1", "vllm", expected("vllm", kv=0.375, running=8, waiting=1, preemptions=3, prefix=0.4,
-                                 ttft_s=6.917 + 7.204, ttft_n=199)),
+                                 ttft_s=6.917 + 7.204, ttft_n=199, rss=2.146762752e9, start=1.75923345618e9)),
     ("vllm_v0", "vllm", expected("vllm", kv=0.6, running=4, waiting=2, preemptions=7, prefix=0.35,
                                  ttft_s=1.34, ttft_n=7)),
     ("sglang", "sglang", expected("sglang", kv=0.4, running=10, waiting=3, preemptions=5, prefix=0.3,
