@@ -127,6 +127,9 @@ CATALOGUE: tuple[MetricSpec, ...] = (
                "reached or the process fell behind)."),
     MetricSpec("soakd_target_up", "gauge",
                "1 while the target answers (last request reached it, or /v1/models answered), else 0."),
+    MetricSpec("soakd_engine_wedged", "gauge",
+               "1 while requests are in flight, no byte has come from any for longer than the freeze threshold, "
+               "and the server still answers GET /v1/models (its engine is wedged), else 0."),
     # ---- run progress
     MetricSpec("soakd_soak_elapsed_seconds", "gauge", "Seconds since the soak started sending load.", group="run"),
     MetricSpec("soakd_soak_progress_ratio", "gauge", "Elapsed share of the configured duration, 0-1.", group="run"),
@@ -497,6 +500,7 @@ class SoakMetrics:
         self.itl = LabeledHistogram(S["soakd_inter_token_latency_seconds"])
         self.in_flight = Gauge(S["soakd_requests_in_flight"])
         self.target_up = Gauge(S["soakd_target_up"])
+        self.engine_wedged = Gauge(S["soakd_engine_wedged"])
         self.elapsed = Gauge(S["soakd_soak_elapsed_seconds"])
         self.progress = Gauge(S["soakd_soak_progress_ratio"])
         self.warmup_active = Gauge(S["soakd_warmup_active"])
@@ -525,7 +529,7 @@ class SoakMetrics:
             yield counter.family()
         for hist in (self.e2e, self.ttft, self.itl):
             yield hist.family()
-        for gauge in (self.in_flight, self.target_up):
+        for gauge in (self.in_flight, self.target_up, self.engine_wedged):
             fam = gauge.family()
             if fam is not None:
                 yield fam

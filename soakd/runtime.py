@@ -41,6 +41,7 @@ from soakd.samplers.registry import build_samplers
 from soakd.soak.canary import Canary, CanaryRunner
 from soakd.soak.driver import LoadDriver
 from soakd.soak.events import EventLog
+from soakd.soak.wedge import WedgeWatch
 from soakd.analysis.ab import AbJudge
 from soakd.soak.exporter import AbExporter, AnalysisExporter
 from soakd.soak.peers import Peer, PeerPipeline, peers_status
@@ -108,6 +109,7 @@ class Runtime:
         candidates = len(self.target_cfgs) - 1
         self.analyzer = Analyzer(config.analysis, on_event=self.events.emit, baseline=baseline,
                                  planned_windows=planned, candidates=candidates)
+        self.wedge: WedgeWatch | None = None  # set with the load (soakd.soak.wedge)
         self.pipeline = WindowPipeline(self.session, self.analyzer, self.events, self.metrics,
                                        on_window=lambda w: self._ab_window(primary.name, w))
         # A/B: the other targets, each with its own client, metrics and analysis (soakd.soak.peers)
@@ -138,6 +140,8 @@ class Runtime:
         self.web = WebServer(build_app(self.registry, self.status.status, self.status.ready, self.heartbeat),
                              config.metrics.host, config.metrics.port)
         self.client = OpenAIClient(primary, self.api_key, pool_size=self._pool_size(config))
+        # the wedge watch's GET /models: its own connection, never queued behind the stuck streams
+        self.probe_client = OpenAIClient(primary, self.api_key, pool_size=1)
         self.progress = (progress if progress is not None
                          else (config.log.progress if config.log.progress is not None else sys.stderr.isatty()))
         self.load: Load | None = None
@@ -281,6 +285,7 @@ class Runtime:
                 sys.stderr.write("\n")
                 sys.stderr.flush()
             await self.client.close()
+            await self.probe_client.close()
             for p in self.peers:
                 await p.client.close()
             await self.heartbeat.stop()
@@ -318,6 +323,8 @@ class Runtime:
         driver = LoadDriver(cfg.load, self.client, workload, recorder, timeline, max_requests=cfg.run.max_requests,
                             seed=cfg.run.seed, clock=clock)
         self.load = self.status.load = Load(timeline, windows, recorder, driver)
+        self.wedge = WedgeWatch(recorder, self.probe_client.list_models, self.analyzer, self.metrics.engine_wedged,
+                                window_at=lambda ago: timeline.window_at(clock.monotonic() - ago))
         for p in self.peers:  # the same timeline and seed: the same traffic at the same moments
             assert p.model is not None
             pw = WindowSet(timeline, confidence=cfg.analysis.drift.confidence, patience=self.policies.close_patience,
@@ -434,6 +441,8 @@ class Runtime:
                           misfire_grace_time=max(1, int(grace)), **start)
 
         job(self._tick, pol.tick_seconds, "tick", pol.tick_seconds * 2)
+        if self.wedge is not None:
+            job(self.wedge.check, 1.0, "wedge", 2)
         job(self.status.summary_line, cfg.log.summary_interval, "summary", cfg.log.summary_interval)
         if self.progress:
             job(self.status.progress_line, 1.0, "progress", 2)

@@ -85,6 +85,11 @@ TROUBLESHOOTING: dict[str, tuple[str, str]] = {
         "latency that rises at a steady period (minutes to hours)",
         "cooling cycles (fan curves, inlet temperature), power management, a periodic job on the host or cluster",
     ),
+    "engine wedged": (
+        "requests in flight and not a byte from any of them while the server still answers /health and /v1/models",
+        "the engine's logs and stack (py-spy dump of the engine core), a scheduler or collective deadlock, "
+        "GPU hangs (Xid); restart the server and note the uptime it wedged at",
+    ),
     "server froze": (
         "requests in flight and not a byte from any of them for seconds, while soakd's own loop was punctual",
         "the server's logs and stack (py-spy dump), GPU hangs (Xid), a scheduler deadlock, a stuck collective",

@@ -20,6 +20,7 @@ from soakd.analysis import leak as leak_mod
 from soakd.analysis import levels as levels_mod
 from soakd.analysis import throttle as throttle_mod
 from soakd.analysis.diagnosis import Finding, diagnose
+from soakd.analysis.freeze import freeze_finding, freeze_threshold, wedge_finding
 from soakd.analysis.gpu_errors import GpuErrors
 from soakd.analysis.periodic import PeriodicDrops, periodic_drops
 from soakd.analysis.restarts import ServerRestarts
@@ -163,6 +164,7 @@ class Analyzer:
         self.periodic: PeriodicDrops | None = None
         self.gpu_errors = GpuErrors()
         self.restarts = ServerRestarts()  # recognised in the server's metrics
+        self.wedged_windows: set[int] = set()  # windows a live 'engine wedged' finding was made in
 
     @property
     def last_window(self) -> Window | None:
@@ -338,26 +340,23 @@ class Analyzer:
         return findings
 
     def _freeze(self, w: Window) -> Finding | None:
-        """A server freeze: the window's longest span with requests in flight and no byte received,
-        beyond ``client.freeze_min`` and 3x the baseline's TTFT p95 and inter-token p99 (streamed requests
-        only: a non-streamed body is silent until its end), while soakd's loop was punctual
-        (its largest lag under half the span: the silence was the server's)."""
-        c = w.client
-        if c is None or not c.freeze_max_seconds:
-            return None
-        # slower than the server's own rhythm: 3x the TTFT p95 and the inter-token p99 of the baseline
-        # (of this window before there is one)
-        ref = self.baseline if self.baseline is not None else w
-        need = max(self.cfg.client.freeze_min, 3.0 * (ref.ttft_seconds.p95 or 0.0), 3.0 * (ref.itl_seconds.p99 or 0.0))
-        span = c.freeze_max_seconds
-        if span < need or (c.loop_lag_max_seconds or 0.0) >= span / 2:
-            return None
-        at = (w.start_unix or 0.0) + (c.freeze_start_offset_seconds or 0.0)
-        return Finding(kind="freeze", diagnosis="server froze", severity="critical",
-                       message=f"no byte from any of the requests in flight for {span:.1f} s in window {w.window} "
-                               f"(from {at:.0f} unix), soakd's loop lag at most {(c.loop_lag_max_seconds or 0) * 1000:.0f} ms",
-                       evidence={"freeze_seconds": span, "start_unix": at, "threshold_seconds": need,
-                                 "loop_lag_max_seconds": c.loop_lag_max_seconds}, window=w.window)  # fmt: skip
+        """The window's server freeze (``soakd.analysis.freeze``), unless a live wedge finding of this
+        window already reported the silence."""
+        return None if w.window in self.wedged_windows else freeze_finding(w, self.freeze_threshold(w))
+
+    def freeze_threshold(self, w: Window | None = None) -> float:
+        return freeze_threshold(self.cfg, self.baseline if self.baseline is not None else (
+            w if w is not None else self.history.last))
+
+    def add_wedge(self, ep: dict[str, Any]) -> None:
+        """A live wedge (``soakd.soak.wedge``): requests in flight, no byte, the server answering."""
+        if ep.get("window") is not None:
+            self.wedged_windows.add(ep["window"])
+        self._finding(wedge_finding(ep))
+
+    def wedge_ended(self, ep: dict[str, Any], seconds: float) -> None:
+        self._event("freeze", "info", f"engine recovered: bytes again after {seconds:.1f} s wedged",
+                    {"wedged_seconds": seconds, **ep}, ep.get("window"))
 
     def add_canary(self, result: CanaryOutcome, window: int | None) -> None:
         self.canary_checks += 1

@@ -47,6 +47,7 @@ class Recorder:
         self.windows = windows
         self.clock = clock
         self.in_flight = 0
+        self.active: set[RequestRecord] = set()  # the records in flight (the wedge watch reads their bytes)
         self.sent = 0
         self.finished_count = 0
         self.outcomes: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
@@ -81,6 +82,7 @@ class Recorder:
 
     # ---- request lifecycle
     def started(self, rec: RequestRecord) -> None:
+        self.active.add(rec)
         self.in_flight += 1
         self.sent += 1
         self.metrics.in_flight.value = self.in_flight
@@ -88,6 +90,7 @@ class Recorder:
 
     def finished(self, rec: RequestRecord) -> None:
         m = self.metrics
+        self.active.discard(rec)
         self.in_flight -= 1
         m.in_flight.value = self.in_flight
         self.finished_count += 1

@@ -1,0 +1,49 @@
+"""Silence with requests in flight: the window's server freeze (at its close, from the activity
+buckets of ``ClientStats``) and the live engine wedge (``soakd.soak.wedge``), one rule for both.
+
+The silence must be longer than the server's own rhythm: ``analysis.client.freeze_min`` and 3x the
+TTFT p95 and the inter-token p99 of the baseline (of the window itself before there is one); and
+soakd's own loop must have been punctual (its largest lag under half the span: the silence was the
+server's). Only streamed requests count (a non-streamed body is silent until its end).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from soakd.analysis.diagnosis import Finding
+from soakd.config import AnalysisConfig
+from soakd.core.summary import WindowSummary as Window
+
+__all__ = ["freeze_finding", "freeze_threshold", "wedge_finding"]
+
+
+def freeze_threshold(cfg: AnalysisConfig, ref: Window | None) -> float:
+    if ref is None:
+        return cfg.client.freeze_min
+    return max(cfg.client.freeze_min, 3.0 * (ref.ttft_seconds.p95 or 0.0), 3.0 * (ref.itl_seconds.p99 or 0.0))
+
+
+def freeze_finding(w: Window, need: float) -> Finding | None:
+    """The window's longest silence with requests in flight, when it is a freeze."""
+    c = w.client
+    if c is None or not c.freeze_max_seconds:
+        return None
+    span = c.freeze_max_seconds
+    if span < need or (c.loop_lag_max_seconds or 0.0) >= span / 2:
+        return None
+    at = (w.start_unix or 0.0) + (c.freeze_start_offset_seconds or 0.0)
+    return Finding(kind="freeze", diagnosis="server froze", severity="critical",
+                   message=f"no byte from any of the requests in flight for {span:.1f} s in window {w.window} "
+                           f"(from {at:.0f} unix), soakd's loop lag at most {(c.loop_lag_max_seconds or 0) * 1000:.0f} ms",
+                   evidence={"freeze_seconds": span, "start_unix": at, "threshold_seconds": need,
+                             "loop_lag_max_seconds": c.loop_lag_max_seconds}, window=w.window)  # fmt: skip
+
+
+def wedge_finding(ep: dict[str, Any]) -> Finding:
+    """A live wedge: requests in flight, no byte, the server still answering GET /v1/models."""
+    return Finding(kind="freeze", diagnosis="engine wedged", severity="critical",
+                   message=f"no byte from any of the {ep['in_flight']} requests in flight for {ep['silence_seconds']:.1f} s "
+                           f"(threshold {ep['threshold_seconds']:.1f} s) while the server still answers GET /v1/models: "
+                           "its engine generates nothing",
+                   evidence=dict(ep), window=ep.get("window"))
