@@ -23,7 +23,8 @@ Extended for issue 13, by keys only: the device summary's ``gpu_errors`` (the si
 uncorrected-ECC counters, per uuid); the server summary's ``restarts_total``, the host summary's
 ``target_memory_source`` (and, in the live run, ``target_rss_bytes`` from the simulator's own
 ``process_resident_memory_bytes``, so the verdict's leak list judges it), the three new server
-series in the live run's /metrics, and ``server_restarts`` in the report's run section and rows.
+series and ``soakd_engine_wedged`` in the live run's /metrics (the last also in ``windows.json``'s
+metrics), and ``server_restarts`` in the report's run section and rows.
 Nothing else moved.
 
 1. ``report-*.{json,md}``: ``soakd report`` of the two runs in ``tests/fixtures/state-v2`` (a
