@@ -8,7 +8,6 @@ reads its state for /metrics. It holds the run's one in-memory window history.
 
 from __future__ import annotations
 
-
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace

@@ -18,14 +18,11 @@ The counters come from the window summaries (``DeviceSummary.gpu_errors``, per G
 from __future__ import annotations
 
 from soakd.analysis.diagnosis import Finding
+from soakd.analysis.restarts import counter_increase
 from soakd.core.summary import WindowSummary as Window
 from soakd.core.xid import XID, describe
 
 __all__ = ["GpuErrors"]
-
-
-def _increase(now: float, before: float) -> float:
-    return now - before if now >= before else now  # a counter that restarted counts from zero
 
 
 class GpuErrors:
@@ -33,8 +30,6 @@ class GpuErrors:
 
     def __init__(self) -> None:
         self.prev: dict[str, dict[str, float]] = {}
-        self.xid_events = 0
-        self.ecc_errors = 0
 
     def prime(self, w: Window) -> None:
         """A window of an earlier segment (a resumed run): its counters, no findings."""
@@ -48,12 +43,11 @@ class GpuErrors:
             code = int(cur.get("last_xid") or 0)
             new_xid = 0.0
             if "xid_total" in cur:
-                new_xid = _increase(cur["xid_total"], prev.get("xid_total", 0.0) if prev else 0.0)
+                new_xid = counter_increase(cur["xid_total"], prev.get("xid_total", 0.0) if prev else 0.0)
             elif code:
                 before = prev.get("last_xid") if prev else cur.get("last_xid_first")
                 new_xid = 1.0 if code != int(before or 0) else 0.0
             if new_xid > 0:
-                self.xid_events += int(new_xid)
                 x = XID.get(code)
                 out.append(Finding(
                     kind="gpu", diagnosis="GPU Xid error", severity="critical",
@@ -65,9 +59,8 @@ class GpuErrors:
             if "ecc_uncorrected" in cur:
                 before = prev.get("ecc_uncorrected") if prev and "ecc_uncorrected" in prev else \
                     cur.get("ecc_uncorrected_first", cur["ecc_uncorrected"])
-                new_ecc = _increase(cur["ecc_uncorrected"], before)
+                new_ecc = counter_increase(cur["ecc_uncorrected"], before)
                 if new_ecc > 0:
-                    self.ecc_errors += int(new_ecc)
                     out.append(Finding(
                         kind="gpu", diagnosis="uncorrectable ECC error", severity="critical",
                         message=f"GPU {gpu}: {int(new_ecc)} new uncorrected (double-bit) ECC error(s) in window "

@@ -16,12 +16,16 @@ from dataclasses import replace
 from soakd.analysis.diagnosis import Finding
 from soakd.core.summary import WindowSummary as Window
 
-__all__ = ["ServerRestarts", "restarts_by_window"]
+__all__ = ["ServerRestarts", "counter_increase", "restarts_by_window"]
+
+
+def counter_increase(now: float, before: float) -> float:
+    """A counter's increase since ``before``; one lower than ``before`` restarted, and counts from zero."""
+    return now - before if now >= before else now
 
 
 class ServerRestarts:
     def __init__(self) -> None:
-        self.total = 0  # over the run (this segment's windows and the restored ones)
         self._seen: float | None = None  # the count at the last window
 
     def count(self, w: Window) -> int:
@@ -31,9 +35,7 @@ class ServerRestarts:
             return 0
         before = self._seen or 0.0
         self._seen = now
-        n = max(0, int(now - before if now >= before else now))
-        self.total += n
-        return n
+        return max(0, int(counter_increase(now, before)))
 
     @staticmethod
     def report(w: Window, n: int, findings: list[Finding]) -> None:

@@ -61,7 +61,7 @@ class WedgeWatch:
         quiet = self.silence(now)
         need = self.analyzer.freeze_threshold()
         if quiet is None or quiet < need:
-            self._end(now, quiet)
+            self._end(quiet)
             return
         if self.episode is not None or self._probing or not punctual:
             return  # a wedge in progress, a probe under way, or soakd itself was late (not the server's silence)
@@ -82,7 +82,7 @@ class WedgeWatch:
         self.gauge.value = 1.0
         self.analyzer.add_wedge(self.episode)
 
-    def _end(self, now: int, quiet: float | None) -> None:
+    def _end(self, quiet: float | None) -> None:
         if self.episode is None:
             return
         ep, self.episode = self.episode, None
