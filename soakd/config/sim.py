@@ -61,6 +61,14 @@ class SimFaults(BaseModel):
             "Size of the latency step in percent (10 = every delay 10% longer; negative = faster)."
         ),
     )
+    latency_step_duration: Duration | None = Field(
+        None,
+        gt=0,
+        description=(
+            "How long the latency step lasts (e.g. '5m': a noisy neighbour that left, a rolled-back "
+            "driver); the delays return to normal after it. Unset = the step stays."
+        ),
+    )
     output_change_at: Duration | None = Field(
         None,
         description=(

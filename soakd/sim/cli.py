@@ -21,6 +21,7 @@ _FLAG_FIELDS: dict[str, tuple[str | None, str]] = {
     "latency_drift_pct_per_hour": ("faults", "latency_drift_pct_per_hour"),
     "latency_step_at": ("faults", "latency_step_at"),
     "latency_step_pct": ("faults", "latency_step_pct"),
+    "latency_step_duration": ("faults", "latency_step_duration"),
     "output_change_at": ("faults", "output_change_at"),
     "kv_leak_blocks": ("faults", "kv_leak_blocks_per_n_requests"),
     "kv_leak_every": ("faults", "kv_leak_every_n_requests"),
@@ -73,6 +74,11 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--latency-step-pct", type=float, default=None, help="size of that step in %% (default 10)"
+    )
+    g.add_argument(
+        "--latency-step-duration",
+        default=None,
+        help="how long the latency step lasts, e.g. 5m (default: it stays)",
     )
     g.add_argument(
         "--output-change-at",

@@ -145,7 +145,7 @@ class SimModel:
 
     def latency_multiplier(self) -> float:
         """1 + drift_pct/100 * uptime_hours (floored at 0.05), times 1 + step_pct/100 from
-        ``latency_step_at`` on, times the attached device's slowdown (1/clock ratio while it is
+        ``latency_step_at`` on (for ``latency_step_duration`` when set), times the attached device's slowdown (1/clock ratio while it is
         throttled). Taken when a request starts."""
         faults = self.config.faults
         pct = faults.latency_drift_pct_per_hour
@@ -153,8 +153,9 @@ class SimModel:
         if pct:
             hours = (self.clock() - self.started) / 3600.0
             multiplier = max(0.05, 1.0 + pct / 100.0 * hours)
-        step_at = faults.latency_step_at
-        if step_at is not None and self.clock() - self.started >= step_at:
+        step_at, step_for = faults.latency_step_at, faults.latency_step_duration
+        uptime = self.clock() - self.started
+        if step_at is not None and uptime >= step_at and (step_for is None or uptime < step_at + step_for):
             multiplier *= 1.0 + faults.latency_step_pct / 100.0
         if self.device is not None:
             multiplier *= self.device.slowdown()

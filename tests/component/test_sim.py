@@ -282,6 +282,20 @@ def test_model_latency_drift_and_batch_cost() -> None:
     assert improving.latency_multiplier() == 0.05
 
 
+def test_model_latency_step_with_and_without_an_end() -> None:
+    clock = FakeClock()
+    lasting = SimModel(SimConfig(faults={"latency_step_at": 10, "latency_step_pct": 50}), clock=clock)
+    ending = SimModel(SimConfig(faults={"latency_step_at": 10, "latency_step_pct": 50, "latency_step_duration": 5}),
+                      clock=clock)
+    seen = []
+    for uptime in (9.9, 10.0, 14.9, 15.0, 100.0):
+        clock.t = 1000.0 + uptime
+        seen.append((lasting.latency_multiplier(), ending.latency_multiplier()))
+    assert seen == [(1.0, 1.0), (1.5, 1.5), (1.5, 1.5), (1.5, 1.0), (1.5, 1.0)]
+    with pytest.raises(ValueError, match="latency_step_duration"):
+        SimFaults(latency_step_at=10, latency_step_duration=0)
+
+
 def test_model_fault_rates_are_seeded() -> None:
     faults = SimFaults(error_rate_500=0.1, error_rate_429=0.05, stall_rate=0.2, garbled_rate=0.3)
     model = SimModel(SimConfig(seed=3, faults=faults))
