@@ -14,8 +14,10 @@ Method:
   - ``target_rss``: the target's host memory: ``host.target_anon_bytes.min`` (anonymous resident memory
     plus swap, /proc in a shared PID namespace) where there is one, else ``host.target_rss_bytes.min``
     (its resident set from /proc, or the server's own ``process_resident_memory_bytes``), same reason.
-  - ``kv_cache``: ``server.kv_cache_usage_ratio.mean`` (KV usage at the window's load; growth
-    in ratio per hour, not bytes).
+  - ``kv_cache``: ``server.kv_cache_usage_ratio.mean`` per running request
+    (``server.requests_running.mean``), scaled to the run's median running count
+    (``kv_at_median_load``): KV usage at the same load, so that a slower server, which holds more
+    requests at once, is not a KV leak; growth in ratio per hour, not bytes.
 
   Partial windows (the one cut at shutdown) are left out.
 * Byte sources (device memory, the target's GPU memory and RSS) are classified by their
@@ -214,6 +216,31 @@ def memory_series(windows: list[Window], source: str) -> list[tuple[float, float
     return out
 
 
+def kv_at_median_load(windows: list[Window]) -> list[tuple[float, float]]:
+    """The ``kv_cache`` series at comparable load: each window's mean KV usage scaled to the run's
+    median number of running requests, ``usage x median(running) / running``.
+
+    Under load, KV usage is the blocks of the requests in flight: a server that got slower holds
+    more requests at once at the same arrival rate (Little's law), and its KV usage rises with them
+    without a block leaked; when the latency recovers, so does the usage. Per running request, the
+    usage moves only with what a request holds (its context, and blocks that are never released).
+    Windows without the server's running count (or with less than half a request running on
+    average) are judged on the raw mean when no window has one, else left out."""
+    raw = memory_series(windows, "kv_cache")
+    running: dict[float, float] = {}
+    for w in windows:
+        r = w.server.requests_running
+        t = _num(w.start_unix)
+        if w.partial or r is None or t is None or _num(r.mean) is None:
+            continue
+        running[t + w.duration_seconds / 2.0] = float(r.mean)
+    loaded = [(t, v, running[t]) for t, v in raw if running.get(t, 0.0) >= 0.5]
+    if not loaded:
+        return raw
+    med = statistics.median(r for _, _, r in loaded)
+    return [(t, v * med / r) for t, v, r in loaded]
+
+
 def _trend(
     source: str, pts: list[tuple[float, float]], budget: float, unit: str, cfg: LeakConfig
 ) -> LeakResult:
@@ -245,7 +272,7 @@ def evaluate_memory(windows: list[Window], source: str, cfg: LeakConfig | None =
     the KV usage by its trend."""
     cfg = cfg or LeakConfig()
     if source == "kv_cache":
-        return _trend(source, memory_series(windows, source), cfg.budget_for(source), "ratio", cfg)
+        return _trend(source, kv_at_median_load(windows), cfg.budget_for(source), "ratio", cfg)
     pts, points = memory_series(windows, source), "windows"
     if source == "device_memory":
         probes = quiesce_probes(windows, "memory_used_bytes")

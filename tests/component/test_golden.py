@@ -25,7 +25,10 @@ uncorrected-ECC counters, per uuid); the server summary's ``restarts_total``, th
 ``process_resident_memory_bytes``, so the verdict's leak list judges it), the three new server
 series and ``soakd_engine_wedged`` in the live run's /metrics (the last also in ``windows.json``'s
 metrics), and ``server_restarts`` in the report's run section and rows.
-Nothing else moved.
+Nothing else moved. One intended change of values, also for issue 13: the ``kv_cache`` leak trend is
+judged per running request at the run's median running count (a slower server holds more requests,
+and their KV, at once), so in ``analysis.json`` the kv_cache growth, interval, projection and
+first/last values moved (none was or is suspected); nothing else.
 
 1. ``report-*.{json,md}``: ``soakd report`` of the two runs in ``tests/fixtures/state-v2`` (a
    state dir that release wrote: a finished run with throttling, a power cap and a latency step,

@@ -129,6 +129,38 @@ def test_partial_windows_are_left_out_and_other_sources() -> None:
         evaluate_memory(ws, "swap")
 
 
+def _kv_windows(usage: list[float], running: list[float]) -> list[WindowSummary]:
+    return [WindowSummary.load({
+        "window": i, "start_unix": 1_700_000_000.0 + 1800 * i, "duration_seconds": 1800.0, "partial": False,
+        "server": {"kv_cache_usage_ratio": {"min": u / 2, "max": min(1.0, 2 * u), "mean": u},
+                   "requests_running": {"mean": r, "max": 2 * r}},
+    }) for i, (u, r) in enumerate(zip(usage, running, strict=True))]  # fmt: skip
+
+
+def test_kv_usage_that_follows_the_running_requests_is_not_a_leak() -> None:
+    """A server that got slower (from the 7th of 14 windows) holds twice the requests at once at the
+    same arrival rate, and twice the KV: per running request nothing grew. The raw mean would be a
+    suspected leak (+0.2 of capacity in 7 hours)."""
+    rng = random.Random(21)
+    running = [12.0 + rng.gauss(0, 0.5) for _ in range(6)] + [25.0 + rng.gauss(0, 1.0) for _ in range(8)]
+    usage = [0.0125 * r + rng.gauss(0, 0.004) for r in running]
+    assert evaluate_memory(_kv_windows(usage, running), "kv_cache").suspected is False
+    raw = _kv_windows(usage, running)
+    for w in raw:
+        w.server.requests_running = None  # a server without a running count: the raw mean, as before
+    assert evaluate_memory(raw, "kv_cache").suspected is True
+
+
+def test_kv_leak_under_changing_load_is_still_a_leak() -> None:
+    """Blocks never released (+0.02 of capacity per hour) while the running count wanders 8-16: per
+    running request at the median load the growth is still there, and still suspected."""
+    rng = random.Random(22)
+    running = [12.0 + 4.0 * math.sin(i / 2.0) for i in range(14)]
+    usage = [0.0125 * r + 0.02 * 0.5 * i + rng.gauss(0, 0.003) for i, r in enumerate(running)]
+    r = evaluate_memory(_kv_windows(usage, running), "kv_cache")
+    assert r.suspected and r.growth_per_hour == pytest.approx(0.02, rel=0.35)
+
+
 def test_kv_residue_growing_from_probe_to_probe() -> None:
     rng = random.Random(10)
     probes = [(3600.0 * i, 0.02 + 0.012 * i + rng.gauss(0, 0.002)) for i in range(8)]
