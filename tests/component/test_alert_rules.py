@@ -248,7 +248,7 @@ def amtool() -> str:
 def test_amtool_check_config(amtool: str) -> None:
     out = run([amtool, "check-config", str(ALERTMANAGER_CONFIG)])
     assert out.returncode == 0 and "SUCCESS" in out.stdout, out.stdout + out.stderr
-    assert "4 inhibit rules" in out.stdout and "3 receivers" in out.stdout
+    assert "5 inhibit rules" in out.stdout and "3 receivers" in out.stdout
 
 
 @pytest.mark.parametrize("labels, receiver", [
@@ -277,7 +277,10 @@ def test_alertmanager_groups_and_inhibits_by_the_labels_the_rules_set() -> None:
                 assert value in names, matcher
             if label == "kind":
                 assert set(value.split("|")) <= kinds, matcher
-    by_source = {tuple(r["source_matchers"]): r for r in cfg["inhibit_rules"]}
-    down = by_source[('alertname="SoakdTargetDown"',)]
+    by_source: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for r in cfg["inhibit_rules"]:
+        by_source.setdefault(tuple(r["source_matchers"]), []).append(r)
+    down, scrape = by_source[('alertname="SoakdTargetDown"',)]
     assert "target" in down["equal"] and "drift" in down["target_matchers"][0]
-    assert "errors" in by_source[('alertname="SoakdClientImpaired"',)]["target_matchers"][0]
+    assert scrape["target_matchers"] == ['alertname="SoakdSamplerDown"', 'sampler="server"']
+    assert "errors" in by_source[('alertname="SoakdClientImpaired"',)][0]["target_matchers"][0]
