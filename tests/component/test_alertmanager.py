@@ -33,7 +33,7 @@ severity routes to. The time from each fault's start to its first notification i
 closing note quotes it); it is not asserted (a shared 2-core machine), only bounded by the test's
 deadline.
 
-soakd's own-health thresholds are relaxed here (as in test_prometheus.py): six processes share
+soakd's own-health thresholds are relaxed here (as in test_prometheus.py): five soakd processes share
 two cores with Prometheus and Alertmanager, and a window soakd judged client-impaired would be
 shown, not judged, so the step's drift could not page. tests/component/test_detection.py proves
 the client-impaired rule itself.
