@@ -460,7 +460,7 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
     windows_named += [int(r.split("window ")[-1].rstrip(")")) for r in verdict.reasons
                       if r.startswith(("drift", "throttle")) and r.rstrip(")").split("window ")[-1].isdigit()]
     fail_window = min(windows_named, default=None)
-    leak = [f["window"] for f in analyzer.findings if f["kind"] == "leak"]
+    leak = [f["window"] for f in analyzer.findings if f["kind"] == "leak" and f["diagnosis"] != "memory steps"]
     final_leak = any(lk.suspected for lk in analyzer.leaks.values())
     dm = analyzer.leaks.get("device_memory")
     return RunResult(failed=not verdict.passed, fail_window=fail_window if not verdict.passed else None,

@@ -183,6 +183,11 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     MetricSpec("soakd_memory_leak_suspected", "gauge",
                "1 when growth is significant and projects beyond the budget, by source (device_memory, "
                "target_gpu_memory, target_rss, kv_cache, kv_residue).", ("source",), group="analysis"),
+    MetricSpec("soakd_memory_steps", "gauge",
+               "Steps of a memory staircase named as such, by source (device_memory, target_gpu_memory, target_rss): "
+               "memory that grew in discrete steps with flat plateaus while KV usage stayed flat (allocator growth or "
+               "graph capture per new shape, not a leak); 0 when the series is no such staircase.", ("source",),
+               group="analysis"),
     MetricSpec("soakd_kv_cache_growth_ratio_per_hour", "gauge",
                "Robust growth of KV-cache usage across windows (ratio per hour), by source (kv_cache at load, "
                "kv_residue at idle).", ("source",), group="analysis"),

@@ -24,6 +24,10 @@ growing idle KV residue,          ``KV cache not released``      ``kv_residue`` 
 growing KV usage at same load
 growing device / process memory   ``memory leak``                ``device_memory``, ``target_gpu_memory`` or
                                                                  ``target_rss`` suspected
+memory in steps, KV flat          ``memory steps``               a byte source's pattern is ``staircase`` (two
+                                                                 steps or more, flat plateaus, not projected
+                                                                 to run out within the budget) and KV usage is
+                                                                 flat (``LeakResult.memory_steps``); warning
 other degraded drift              ``performance drift``          degraded drift no rule above explains
 ================================  =============================  ===========================================
 
@@ -80,6 +84,14 @@ TROUBLESHOOTING: dict[str, tuple[str, str]] = {
     "memory leak": (
         "device or process memory that keeps rising at the same load",
         "allocator caching, CUDA graphs per new shape, host-side buffers, server version",
+    ),
+    "memory steps": (
+        "device or process memory that grew in discrete steps with flat plateaus between them while KV-cache "
+        "usage stayed flat: allocator growth or a CUDA graph captured per new batch shape or sequence length, "
+        "not a linear leak",
+        "the server's graph-capture sizes (vLLM cudagraph_capture_sizes, --enforce-eager to compare), the "
+        "allocator (PYTORCH_CUDA_ALLOC_CONF expandable_segments), new max prompt/batch shapes at each step; "
+        "if the steps keep coming, cap the shapes or leave the headroom",
     ),
     "periodic drops": (
         "latency that rises at a steady period (minutes to hours)",
@@ -337,6 +349,11 @@ def diagnose(
         diag = "KV cache not released" if r.source in ("kv_cache", "kv_residue") else "memory leak"
         out.append(Finding(kind="leak", diagnosis=diag, severity="critical", message=r.message(),
                            evidence=r.to_dict(), window=idx))  # fmt: skip
+    # --- memory in steps at flat KV usage: named, not accused (an unbounded staircase is suspected above)
+    for r in leak_results:
+        if r.memory_steps:
+            out.append(Finding(kind="leak", diagnosis="memory steps", severity="warning", message=r.message(),
+                               evidence={**r.to_dict(), "fails": False}, window=idx))  # fmt: skip
 
     # --- degraded drift that nothing above explains
     rest = [r for r in _degraded(drift_results, frozenset(METRICS)) if r.metric not in explained]

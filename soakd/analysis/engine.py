@@ -292,6 +292,11 @@ class Analyzer:
                                                                and self.leaks[lk.source].suspected)]
         revised = [lk for lk in leaks if not lk.suspected and self.leaks.get(lk.source) is not None
                    and self.leaks[lk.source].suspected]
+        # a staircase is named once (a 'memory steps' finding); its later steps are info events
+        new_steps = [lk for lk in leaks if lk.memory_steps and not (self.leaks.get(lk.source)
+                                                                    and self.leaks[lk.source].memory_steps)]
+        more_steps = [lk for lk in leaks if lk.memory_steps and lk not in new_steps
+                      and lk.steps > self.leaks[lk.source].steps]
         self.leaks = {lk.source: lk for lk in leaks}
         gpu_findings = self.gpu_errors.add(w)  # critical at once, in a partial window too
         restarts = self.restarts.count(w)
@@ -305,12 +310,14 @@ class Analyzer:
             return gpu_findings
         for lk in revised:
             self._event("leak", "info", f"leak finding revised: {lk.message()}", lk.to_dict(), w.window)
+        for lk in more_steps:
+            self._event("leak", "info", f"memory steps: another step: {lk.message()}", lk.to_dict(), w.window)
         kv_res = self.leaks.get("kv_residue")
         findings = diagnose(
             w,
             results,
             self.throttles,
-            [lk for lk in leaks if lk.source != "kv_residue" and lk in new_leaks],
+            [lk for lk in leaks if lk.source != "kv_residue" and (lk in new_leaks or lk in new_steps)],
             kv_res if kv_res is not None and kv_res in new_leaks else None,
             baseline=self.baseline,
             drift_cfg=cfg.drift,

@@ -29,6 +29,32 @@ Method:
   enough of them: the cleanest reading of what the server keeps. A sustained climb is always a
   finding; it fails the run when memory runs out at that rate within
   ``exhaustion_budget_hours`` (default 7 days).
+* A **staircase** -- two or more isolated steps up with plateaus between them, no release -- is
+  what an allocator that grows its pool, or a server that captures a CUDA graph, for each new
+  batch shape or sequence length does; a linear leak has no plateaus. The rule that tells them
+  apart (``_staircase``): the steps are the same jumps as the one-off step's (beyond
+  ``max(5 sigma, step_bytes)``, isolated, while the typical difference is small), and the slope
+  is measured *within* the plateaus only (Sen's slope of the pairs inside each block between two
+  jumps, with the blocked Kendall interval: ``theil_sen_blocked``), from a third of the series on.
+
+  - a slope within the plateaus whose interval is above 0: **steps on a sustained climb**, a leak
+    (the climb between the steps is one);
+  - else, while the steps **still come** (the readings after the last step do not yet make a
+    judgeable plateau: ``min_windows`` of them spanning ``min_span``), their average rate (total
+    height over the series' span) is projected like a climb: memory that runs out at it within
+    ``exhaustion_budget_hours`` is an **unbounded staircase**, a leak that fails the run;
+  - else a **staircase**: not suspected, and named ``memory steps`` (a warning: "grew in N steps,
+    +X MiB in total, last step at window k, KV usage flat: allocator growth or graph capture per new
+    shape, not a linear leak") when KV usage stayed flat: neither ``kv_cache`` nor ``kv_residue``
+    suspected (a KV trend that is not significant, or too small to project beyond its budget);
+    growing KV explains the memory itself ("KV cache not released").
+
+  Change points from a penalised segmentation (``ruptures``) were not used: a mean-shift model cuts
+  a linear leak into as many "steps" as its penalty allows, which is the very confusion to avoid;
+  a step of allocator or graph memory is instantaneous at the resolution of one reading (a window
+  floor, an idle probe), so the jump test that already finds the one-off step finds each step, and
+  one step and many can never disagree about what a step is. A climb faster than about a quarter
+  of a jump per reading leaves no typical difference small: that is a sustained climb, steps or not.
 * The trend (KV usage, and each judged part) is the Theil–Sen slope (median of all pairwise slopes) against the window's mid
   time, in units per hour, with Sen's distribution-free confidence interval from Kendall's S
   (variance ``n(n-1)(2n+5)/18``, minus the usual correction for tied values). It ignores up to
@@ -47,7 +73,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from soakd.analysis.stats import as_float, z_value
@@ -64,6 +90,7 @@ __all__ = [
     "memory_series",
     "quiesce_probes",
     "theil_sen",
+    "theil_sen_blocked",
 ]
 
 MAX_POINTS = 500  # Theil-Sen is O(n^2) pairs; longer series are subsampled evenly to this many points
@@ -93,23 +120,49 @@ def theil_sen(
     n = len(pts)
     if n > MAX_POINTS:
         pts = [pts[round(i * (n - 1) / (MAX_POINTS - 1))] for i in range(MAX_POINTS)]
+    return _sen([pts], confidence)
+
+
+def theil_sen_blocked(
+    blocks: list[tuple[list[float], list[float]]], confidence: float = 0.95
+) -> tuple[float, float, float] | None:
+    """``(slope, lo, hi)``: the slope *within* blocks (Sen's slope of the pairs that lie in the same
+    block, with the blocked Kendall interval: Var S summed over the blocks, as the seasonal Kendall test
+    does). A level shift between blocks moves no slope; a steady slope in every block is found with
+    the power of all of them. None when no block has two distinct x."""
+    parts = []
+    for xs, ys in blocks:
+        pts = sorted((float(x), float(y)) for x, y in zip(xs, ys) if x is not None and y is not None)
+        pts = [(x, y) for x, y in pts if math.isfinite(x) and math.isfinite(y)]
         n = len(pts)
+        if n > MAX_POINTS:
+            pts = [pts[round(i * (n - 1) / (MAX_POINTS - 1))] for i in range(MAX_POINTS)]
+        if len(pts) >= 2:
+            parts.append(pts)
+    return _sen(parts, confidence)
+
+
+def _sen(blocks: list[list[tuple[float, float]]], confidence: float) -> tuple[float, float, float] | None:
+    """Sen's slope and interval over the pairs within each block of sorted ``(x, y)`` points."""
     slopes = []
-    for i in range(n):
-        xi, yi = pts[i]
-        for j in range(i + 1, n):
-            xj, yj = pts[j]
-            if xj != xi:
-                slopes.append((yj - yi) / (xj - xi))
+    var = 0.0
+    for pts in blocks:
+        n = len(pts)
+        for i in range(n):
+            xi, yi = pts[i]
+            for j in range(i + 1, n):
+                xj, yj = pts[j]
+                if xj != xi:
+                    slopes.append((yj - yi) / (xj - xi))
+        ties: dict[float, int] = {}
+        for _, y in pts:
+            ties[y] = ties.get(y, 0) + 1
+        var += (n * (n - 1) * (2 * n + 5) - sum(t * (t - 1) * (2 * t + 5) for t in ties.values())) / 18.0
     if not slopes:
         return None
     slopes.sort()
     big_n = len(slopes)
     slope = statistics.median(slopes)
-    ties: dict[float, int] = {}
-    for _, y in pts:
-        ties[y] = ties.get(y, 0) + 1
-    var = (n * (n - 1) * (2 * n + 5) - sum(t * (t - 1) * (2 * t + 5) for t in ties.values())) / 18.0
     c = z_value(confidence) * math.sqrt(max(0.0, var))
     m1 = math.floor((big_n - c) / 2.0 + 1e-9)  # 1-based rank of the lower bound
     m2 = math.ceil((big_n + c) / 2.0 - 1e-9) + 1  # 1-based rank of the upper bound
@@ -142,11 +195,46 @@ class LeakResult:
     first: float | None = None
     last: float | None = None
     residue: float | None = None  # kv_residue: observed residue at the last probe
-    pattern: str | None = None  # flat | ramp then flat | one-off step | sawtooth | sustained climb
+    # flat | ramp then flat | one-off step | sawtooth | sustained climb | sawtooth with a rising floor |
+    # staircase | unbounded staircase | steps on a sustained climb
+    pattern: str | None = None
     hours_to_exhaustion: float | None = None  # at the measured rate, from the last fitted value
     fails: bool = False  # suspected and within the budget: fails the run
     points: str = "windows"  # what was judged: window floors, or idle quiesce probes
     sustained_from_hours: float | None = None  # the start of the judged (sustained) part, hours into the series
+    # a staircase (``memory_pattern``): its steps, their total height, where the last one was first seen,
+    # whether they still come (no judgeable plateau after the last one yet), whether KV usage stayed flat
+    steps: int = 0
+    steps_bytes: float | None = None
+    last_step_hours: float | None = None  # hours into the series
+    last_step_window: int | None = None  # the window of the first reading at the last step's level
+    steps_ongoing: bool | None = None
+    kv_flat: bool | None = None  # set by ``evaluate``: neither kv_cache nor kv_residue suspected
+
+    @property
+    def memory_steps(self) -> bool:
+        """A staircase named as such (allocator growth or graph capture per new shape, not a leak):
+        not suspected, and KV usage flat (or not measured)."""
+        return self.pattern == "staircase" and not self.suspected and self.kv_flat is not False
+
+    def _staircase_message(self, f: Any) -> str:
+        where = f"{self.source} ({'idle, ' if self.points == 'probes' else ''}{self.n_windows} {self.points})"
+        at = f" at window {self.last_step_window}" if self.last_step_window is not None else \
+            f" {self.last_step_hours or 0.0:.1f} h into the series"
+        kv = {True: "KV usage flat", False: "KV usage growing", None: "KV usage not measured"}[self.kv_flat]
+        what = f"{where}: grew in {self.steps} steps ({f(self.steps_bytes or 0.0)} in total, last step{at}), {kv}"
+        ci = f" (CI {f(self.ci[0])}..{f(self.ci[1])})" if self.ci else ""
+        h = self.hours_to_exhaustion
+        ex = f", memory exhausted in {h:.{0 if h >= 10 else 2}f} h at this rate" if h is not None else ""
+        if self.pattern == "steps on a sustained climb":
+            return (f"{what}; between the steps it still climbs {f(self.growth_per_hour or 0.0)}/h{ci}{ex}: "
+                    f"{self.status}{' (within the budget: fails the run)' if self.fails else ''}")
+        if self.pattern == "unbounded staircase":
+            return (f"{what}; the steps keep coming, {f(self.growth_per_hour or 0.0)}/h on average{ex}: a leak, "
+                    f"{self.status}{' (within the budget: fails the run)' if self.fails else ''}")
+        tail = (f"; steps still coming, {f(self.growth_per_hour or 0.0)}/h on average{ex} (beyond the budget)"
+                if self.steps_ongoing else f"; flat between and after the steps{ci}")
+        return f"{what}{tail}: allocator growth or graph capture per new shape, not a linear leak"
 
     def message(self) -> str:
         if self.growth_per_hour is None:
@@ -164,6 +252,8 @@ class LeakResult:
                 f"{f(self.growth_per_hour)}/h{ci}, fitted {f(self.projected or 0.0)} vs budget "
                 f"{f(self.budget)}: {self.status}"
             )
+        if self.steps >= 2 and self.pattern in ("staircase", "unbounded staircase", "steps on a sustained climb"):
+            return self._staircase_message(f)
         if self.pattern is not None:
             what = f"{self.source} ({'idle, ' if self.points == 'probes' else ''}{self.n_windows} {self.points}): " \
                    f"{self.pattern}, sustained part grows {f(self.growth_per_hour)}/h{ci}"
@@ -282,7 +372,25 @@ def evaluate_memory(windows: list[Window], source: str, cfg: LeakConfig | None =
     if source in ("device_memory", "target_gpu_memory"):
         totals = [w.device.memory_total_bytes for w in windows if w.device.memory_total_bytes]
         total = max(totals) if totals else None
-    return memory_pattern(source, pts, cfg, total=total, points=points)
+    r = memory_pattern(source, pts, cfg, total=total, points=points)
+    if r.steps and r.last_step_hours is not None:
+        r = replace(r, last_step_window=_window_at(windows, min(t for t, _ in pts) + r.last_step_hours * 3600.0))
+    return r
+
+
+def _window_at(windows: list[Window], t: float) -> int | None:
+    """The full window a reading at ``t`` belongs to (a probe's own window, or the window whose middle it is)."""
+    for w in windows:
+        if w.quiesce is not None and _num(w.quiesce.t_unix) == t:
+            return w.window
+    best = None
+    for w in windows:
+        start = _num(w.start_unix)
+        if start is not None and not w.partial and start <= t <= start + w.duration_seconds:
+            d = abs(t - start - w.duration_seconds / 2.0)
+            if best is None or d < best[0]:
+                best = (d, w.window)
+    return best[1] if best is not None else None
 
 
 def _mad_sigma(d: list[float]) -> float:
@@ -300,6 +408,8 @@ def memory_pattern(source: str, pts: list[tuple[float, float]], cfg: LeakConfig,
       beyond ``max(5 sigma, step_bytes)``; consecutive jumps up are a ramp.
     * A jump down is a *release*: the series is a **sawtooth**; judged on its troughs (the first
       reading and each reading after a release), needing 3 of them.
+    * Two isolated jumps up or more (and no release): a **staircase**, judged by ``_staircase``
+      (slope within the plateaus; the steps' rate while they still come).
     * Otherwise the judged part starts at a third of the series, or after the last isolated jump
       up (a **one-off step**: a jump while the typical difference is small), whichever is later;
       it needs ``min_windows`` readings spanning ``min_span`` (4 hours).
@@ -341,6 +451,8 @@ def memory_pattern(source: str, pts: list[tuple[float, float]], cfg: LeakConfig,
         jx, jy = [xs[i] for i in idx], [ys[i] for i in idx]
         start = 0
         fit = theil_sen(jx, jy, cfg.confidence) if len(idx) >= 3 else None
+    elif len(steps) >= 2:
+        return _staircase(xs, ys, steps, sorted(ups), cfg, total, common)
     else:
         start = n // 3
         if steps:
@@ -379,6 +491,71 @@ def memory_pattern(source: str, pts: list[tuple[float, float]], cfg: LeakConfig,
         projected=projected, suspected=significant, first=first, last=last, pattern=pattern,
         hours_to_exhaustion=hours, fails=significant and fails, sustained_from_hours=jx[0], **common,
     )  # fmt: skip
+
+
+def _staircase(xs: list[float], ys: list[float], steps: list[int], ups: list[int], cfg: LeakConfig,
+               total: float | None, common: dict[str, Any]) -> LeakResult:
+    """Two steps or more, no release: a staircase (``memory_pattern``). ``steps``: the indices ``i`` of
+    the isolated jumps up (between readings ``i`` and ``i + 1``); ``ups``: every jump up.
+
+    * Between the steps: the readings from a third of the series on, cut into blocks at every jump
+      up, and Sen's slope *within* the blocks (``theil_sen_blocked``): the steps move no slope. Its
+      interval above 0 is a climb between the steps: **steps on a sustained climb**, a leak (judged like
+      a sustained climb: suspected, fails when memory runs out within the budget, at the climb's rate
+      plus the steps' average rate while they still come).
+    * Otherwise the steps are the growth. They **still come** until the readings after the last step
+      form a judgeable plateau (``min_windows`` of them spanning ``min_span``). While they still come,
+      their average rate (the steps' total height over the series' span) is projected: memory that
+      runs out at it within ``exhaustion_budget_hours`` (with no total known: growth over
+      ``horizon_hours`` beyond the budget) is an **unbounded staircase**, a leak. Anything else is a
+      **staircase**: not suspected, named ``memory steps`` by the diagnosis when KV usage is flat.
+    """
+    n = len(xs)
+    s0 = n // 3
+    blocks, a = [], s0
+    for i in ups:
+        if i >= s0:
+            blocks.append((xs[a:i + 1], ys[a:i + 1]))
+            a = i + 1
+    blocks.append((xs[a:], ys[a:]))
+    within = theil_sen_blocked(blocks, cfg.confidence)
+    # each step's height: the level (median) of the plateau after it minus the one before it
+    edges = [0, *(i + 1 for i in ups), n]
+    plateaus = {b: statistics.median(ys[b:e]) for b, e in zip(edges, edges[1:])}
+    height = sum(plateaus[i + 1] - plateaus[max(b for b in plateaus if b <= i)] for i in steps)
+    after = xs[steps[-1] + 1:]
+    settled = len(after) >= cfg.min_windows and (after[-1] - after[0]) * 3600.0 >= cfg.min_span - 1e-9
+    span = xs[-1] - xs[0]
+    step_rate = height / span if span > 0 and not settled else 0.0
+    level = max(ys[-1], statistics.median(ys[a:]))  # where memory stands now: the last block's level
+    info = dict(first=ys[0], last=ys[-1], steps=len(steps), steps_bytes=height, last_step_hours=xs[steps[-1] + 1],
+                steps_ongoing=not settled, sustained_from_hours=xs[s0], **common)  # fmt: skip
+
+    def exhaustion(rate: float) -> tuple[float | None, bool]:
+        if rate <= 0:
+            return None, False
+        if total:
+            hours = max(0.0, (total - level) / rate)
+            return hours, hours <= cfg.exhaustion_budget_hours
+        return None, rate * cfg.horizon_hours > common["budget"]
+
+    if within is not None and within[1] > 0 and within[0] > 0:
+        slope, lo, hi = within
+        hours, fails = exhaustion(slope + step_rate)
+        return LeakResult(status="suspected", growth_per_hour=slope, ci=(lo, hi), significant=True,
+                          projected=slope * cfg.horizon_hours, suspected=True, pattern="steps on a sustained climb",
+                          hours_to_exhaustion=hours, fails=fails, **info)  # fmt: skip
+    hours, fails = exhaustion(step_rate)
+    if fails:
+        return LeakResult(status="suspected", growth_per_hour=step_rate, ci=None, significant=True,
+                          projected=step_rate * cfg.horizon_hours, suspected=True, pattern="unbounded staircase",
+                          hours_to_exhaustion=hours, fails=True, **info)  # fmt: skip
+    if settled or within is None:
+        growth, ci = (within[0], (within[1], within[2])) if within is not None else (0.0, None)
+    else:
+        growth, ci = step_rate, None
+    return LeakResult(status="ok", growth_per_hour=growth, ci=ci, significant=False, projected=growth * cfg.horizon_hours,
+                      suspected=False, pattern="staircase", hours_to_exhaustion=hours, **info)  # fmt: skip
 
 
 def quiesce_probes(windows: list[Window], field: str = "kv_cache_usage_ratio") -> list[tuple[float, float]]:
@@ -436,4 +613,7 @@ def evaluate(windows: list[Window], cfg: LeakConfig | None = None) -> list[LeakR
     cfg = cfg or LeakConfig()
     out = [evaluate_memory(windows, s, cfg) for s in LEAK_SOURCES]
     out.append(kv_residue(quiesce_probes(windows), cfg))
-    return out
+    # a staircase of memory is told from KV growth by the KV series: flat unless one of them is suspected
+    kv = [r for r in out if r.source in ("kv_cache", "kv_residue") and r.status != "no_data"]
+    kv_flat = not any(r.suspected for r in kv) if kv else None
+    return [replace(r, kv_flat=kv_flat) if r.steps else r for r in out]

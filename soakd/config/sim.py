@@ -211,6 +211,29 @@ class SimFaults(BaseModel):
             "never exceeds the device's capacity."
         ),
     )
+    # device memory in steps (a staircase at flat KV usage: soakd names it 'memory steps', not a leak)
+    device_memory_step_bytes: ByteSize = Field(
+        ByteSize(0),
+        description=(
+            "Simulated GPU: device memory grows in steps of this size (bytes, or e.g. '512MiB'), one every "
+            "device_memory_step_every of uptime, with flat plateaus between them and the KV cache untouched: "
+            "what an allocator that grows its pool, or a server that captures a CUDA graph, for each new batch "
+            "shape or sequence length does. At most device_memory_steps steps. Released when the server "
+            "restarts; used memory never exceeds the device's capacity. 0 = no steps."
+        ),
+    )
+    device_memory_step_every: Duration | None = Field(
+        None,
+        gt=0,
+        description="Server uptime between two memory steps (k x this, k >= 1), e.g. '30m'; required with "
+        "device_memory_step_bytes.",
+    )
+    device_memory_steps: int | None = Field(
+        None,
+        ge=1,
+        description="How many memory steps there are before memory stays flat (a bounded set of shapes); unset "
+        "= they keep coming (an unbounded staircase, which soakd projects like a leak).",
+    )
 
     @field_validator(*_PROBABILITY_FIELDS)
     @classmethod
@@ -227,6 +250,15 @@ class SimFaults(BaseModel):
         if value is not None and value <= 0:
             raise ValueError("must be a positive duration like '10m', or unset to never restart")
         return value
+
+    @model_validator(mode="after")
+    def _memory_steps(self) -> SimFaults:
+        if self.device_memory_step_bytes and self.device_memory_step_every is None:
+            raise ValueError(
+                "faults.device_memory_step_bytes needs faults.device_memory_step_every (the uptime between two "
+                "steps, e.g. '30m')"
+            )
+        return self
 
 
 class SimDeviceConfig(BaseModel):

@@ -47,6 +47,9 @@ _FLAG_FIELDS: dict[str, tuple[str | None, str]] = {
     "power_cap_watts": ("faults", "power_cap_watts"),
     "device_memory_leak_per_hour": ("faults", "device_memory_leak_bytes_per_hour"),
     "host_memory_leak_per_hour": ("faults", "host_memory_leak_bytes_per_hour"),
+    "device_memory_step": ("faults", "device_memory_step_bytes"),
+    "device_memory_step_every": ("faults", "device_memory_step_every"),
+    "device_memory_steps": ("faults", "device_memory_steps"),
 }
 
 
@@ -138,6 +141,16 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="the server process's host memory (process_resident_memory_bytes) growth per hour of uptime "
         "(default 0)",
+    )
+    d.add_argument(
+        "--device-memory-step",
+        default=None,
+        help="device memory grows in steps of this size (graph capture / allocator growth per new shape), "
+        "e.g. 512MiB (default 0) ...",
+    )
+    d.add_argument("--device-memory-step-every", default=None, help="... one every this much uptime, e.g. 30m ...")
+    d.add_argument(
+        "--device-memory-steps", type=int, default=None, help="... at most this many (default: they keep coming)"
     )
 
 

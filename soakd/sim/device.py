@@ -8,8 +8,10 @@ Model (``config.device``, ``config.faults``; the load comes from the current
 :class:`~soakd.sim.model.SimModel`):
 
 * memory used = ``memory_base`` + KV blocks held x bytes per block (+ the device-memory leak,
-  ``faults.device_memory_leak_bytes_per_hour`` x uptime, released by a restart); never above
-  ``memory_total`` - ``memory_reserved``. Leaked KV blocks (``faults.kv_leak_*``) show up here
+  ``faults.device_memory_leak_bytes_per_hour`` x uptime, + the memory steps,
+  ``faults.device_memory_step_bytes`` every ``faults.device_memory_step_every`` of uptime, at most
+  ``faults.device_memory_steps`` of them: a staircase at flat KV usage; both released by a restart);
+  never above ``memory_total`` - ``memory_reserved``. Leaked KV blocks (``faults.kv_leak_*``) show up here
   too. (A real vLLM pre-allocates its whole KV cache at start; the simulator lets memory follow
   the blocks in use so that KV growth and leaks are visible in the device series.)
 * utilisation = running requests / ``saturation_batch`` (capped at 100%); the memory-copy
@@ -285,7 +287,16 @@ class SimDevice:
             rate = self.faults.device_memory_leak_bytes_per_hour
             if rate:
                 used += int(rate * max(0.0, now - model.started) / 3600.0)
+            used += self.memory_steps(now, model.started) * int(self.faults.device_memory_step_bytes)
         return int(min(used, dev.memory_total - dev.memory_reserved))
+
+    def memory_steps(self, now: float, started: float) -> int:
+        """Memory steps taken by ``now`` by a server up since ``started`` (``faults.device_memory_step_*``)."""
+        f = self.faults
+        if not f.device_memory_step_bytes or not f.device_memory_step_every:
+            return 0
+        k = int(max(0.0, now - started) // f.device_memory_step_every)
+        return min(k, f.device_memory_steps) if f.device_memory_steps is not None else k
 
     def reasons(self, now: float | None = None) -> int:
         """The NVML clocks-event bitmask now."""

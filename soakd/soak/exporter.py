@@ -98,15 +98,19 @@ class AnalysisExporter:
         growth = BY_NAME["soakd_memory_growth_bytes_per_hour"].family()
         kvg = BY_NAME["soakd_kv_cache_growth_ratio_per_hour"].family()
         sus = BY_NAME["soakd_memory_leak_suspected"].family()
+        steps = BY_NAME["soakd_memory_steps"].family()
         for source, lk in sorted(a.leaks.items()):
             if lk.status == "no_data":
                 continue
             sus.add_metric([source], 1.0 if lk.suspected else 0.0)
+            if source in LEAK_SOURCES_BYTES:
+                steps.add_metric([source], float(lk.steps) if lk.memory_steps else 0.0)
             if lk.growth_per_hour is not None:
                 (growth if source in LEAK_SOURCES_BYTES else kvg).add_metric([source], lk.growth_per_hour)
         yield growth
         yield kvg
         yield sus
+        yield steps
         thr = BY_NAME["soakd_throttle_detected"].family()
         thr.add_metric([], 1.0 if a.throttle_detected else 0.0)
         yield thr

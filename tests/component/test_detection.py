@@ -444,10 +444,74 @@ async def test_device_memory_leak_is_diagnosed_as_memory_leak(tmp_path: Path) ->
           f"{f['window']}: growth {growth / GIB:.0f} GiB/h (CI {ev['ci'][0] / GIB:.0f}..{ev['ci'][1] / GIB:.0f}), "
           f"memory exhausted in {ev['hours_to_exhaustion'] * 3600:.0f} s at that rate")
 
+    assert value(last, "soakd_memory_steps", source="device_memory") == 0  # a linear leak is no staircase
+    assert not [x for x in d.analyzer.findings if x["diagnosis"] == "memory steps"]
     stored = [e for e in events(soak.state_dir, d.run_id) if e.kind == "leak"]
     assert len(stored) == 1 and stored[0].message.startswith("memory leak: device_memory (idle, 8 probes): sustained")
     assert final["verdict"]["passed"] is False
     assert any(r.startswith("leak: device_memory (idle,") and "fails the run" in r for r in final["verdict"]["reasons"])
+
+
+@pytest.mark.timeout(120)
+async def test_device_memory_in_steps_is_named_memory_steps_not_a_leak(tmp_path: Path) -> None:
+    """The simulated GPU's memory steps up 512 MiB every 3 s of uptime, three times, then stays flat, with the
+    KV cache untouched (what a graph capture or an allocator pool growing per new shape does); the idle
+    device memory of the quiesce probes is a staircase. soakd names it once as 'memory steps' (a warning
+    with the steps, their total and the window of the last one), counts a later step in an info event,
+    exports soakd_memory_steps{source="device_memory"} = 3, and never suspects a leak -- not even while
+    the steps still come (their average rate is projected against the exhaustion budget, compressed like
+    the run to 36 s: 512 MiB per 3 s exhausts the ~38 GiB left in minutes, beyond it)."""
+
+    async def attempt(state_dir: Path) -> Soak:
+        faults = {"device_memory_step_bytes": 512 * 2**20, "device_memory_step_every": 3.0, "device_memory_steps": 3}
+        async with SimServer(SimConfig(**SIM, faults=faults)) as sim:
+            fake_pynvml.bind(sim.device)
+            soak = Soak(soak_config(sim, state_dir, windows=18, nvml=True, analysis={
+                "quiesce": {"settle": 0.05}, "leak": {"exhaustion_budget_hours": 0.01}}), nvml=fake_pynvml)
+            await soak.finish(60)
+        return soak
+
+    soak = await attempt(tmp_path / "run")
+    d, final = soak.daemon, soak.final
+    probes = [(w["window"], (w.get("quiesce") or {}).get("memory_used_bytes")) for w in final["windows"]
+              if not w["partial"]]
+    idle = [(k, round((v - 40 * GIB) / 2**20)) for k, v in probes if v is not None]
+    # the staircase as soakd saw it: 0, 512, 1024, 1536 MiB above the base, each level held 2+ probes
+    assert sorted({v for _, v in idle}) == [0, 512, 1024, 1536] and [v for _, v in idle] == sorted(v for _, v in idle), idle
+
+    leaks = [f for f in d.analyzer.findings if f["kind"] == "leak"]
+    assert [f["diagnosis"] for f in leaks] == ["memory steps"], (idle, leaks)
+    f = leaks[0]
+    ev = f["evidence"]
+    assert f["severity"] == "warning" and ev["source"] == "device_memory" and ev["points"] == "probes"
+    assert ev["pattern"] == "staircase" and not ev["suspected"] and ev["fails"] is False and ev["kv_flat"] is True
+    assert ev["steps"] >= 2 and "not a linear leak" in f["message"] and "KV usage flat" in f["message"]
+    final_dm = d.analyzer.leaks["device_memory"]
+    assert final_dm.pattern == "staircase" and final_dm.steps == 3 and final_dm.steps_ongoing is False
+    assert final_dm.steps_bytes == pytest.approx(1536 * 2**20, rel=0.02)
+    last_level = next(k for k, v in idle if v == 1536)  # the first probe at the last step's level
+    assert final_dm.last_step_window == last_level, (idle, final_dm)
+    assert f"grew in 3 steps (+1536" in final_dm.message() and f"last step at window {last_level}" in final_dm.message()
+
+    # never a leak, live or at the end
+    assert all(value(snap, "soakd_memory_leak_suspected", source="device_memory") in (0, None)
+               for snap in soak.by_window().values())
+    last = samples(d)
+    assert value(last, "soakd_memory_steps", source="device_memory") == 3
+    assert value(last, "soakd_memory_leak_suspected", source="kv_residue") == 0
+    assert not any(r.startswith("leak") for r in final["verdict"]["reasons"]), final["verdict"]["reasons"]
+
+    stored = [e for e in events(soak.state_dir, d.run_id) if e.kind == "leak"]
+    named = [e for e in stored if e.severity == "warning"]
+    assert len(named) == 1 and named[0].message.startswith("memory steps: device_memory (idle,")
+    more = [e for e in stored if e.message.startswith("memory steps: another step")]
+    assert len(more) == 3 - ev["steps"]  # the steps after it was named, one info event each
+    rep = report_of(soak.state_dir, d.run_id)
+    (row,) = [r for r in rep["troubleshooting"] if r["diagnosis"] == "memory steps"]
+    assert row["severity"] == "warning" and row["windows"] == [f["window"]] and "graph" in row["seen"]
+    assert any(lk["source"] == "device_memory" and lk["pattern"] == "staircase" for lk in rep["verdict"]["leaks"])
+    print(f"\nmemory steps: idle probes (window, MiB above base) {idle}; named in window {f['window']}: "
+          f"{f['message']}; at the end: {final_dm.message()}")
 
 
 @pytest.mark.timeout(120)

@@ -257,6 +257,32 @@ def test_device_memory_leak() -> None:
     assert device.reading(0).memory_used == BASE
 
 
+def test_device_memory_steps() -> None:
+    """A staircase: +512 MiB every 10 minutes of uptime, three of them, with the KV cache untouched; the
+    restarted server starts again from the base."""
+    clock, model, device = rig(faults={"device_memory_step_bytes": "512MiB", "device_memory_step_every": "10m",
+                                       "device_memory_steps": 3})
+    seen = []
+    for _ in range(8):
+        seen.append((device.reading(0).memory_used - BASE) // MiB)
+        clock.t += 300.0
+    assert seen == [0, 0, 512, 512, 1024, 1024, 1536, 1536]  # flat plateaus, then no fourth step
+    assert model.kv_held == 0
+    fresh = SimModel(model.config, clock=clock)
+    device._get_model = lambda: fresh  # noqa: SLF001
+    assert device.reading(0).memory_used == BASE
+    # steps that keep coming (no count) stop at the device's capacity
+    fclock, _, forever = rig(faults={"device_memory_step_bytes": "1GiB", "device_memory_step_every": "1m"})
+    fclock.t += 90.0
+    assert forever.reading(0).memory_used == BASE + GiB
+    fclock.t += 3600.0 * 1000
+    assert forever.reading(0).memory_used == 80 * GiB - 512 * MiB
+    with pytest.raises(ValidationError, match="device_memory_step_every"):
+        SimConfig(faults={"device_memory_step_bytes": "512MiB"})
+    with pytest.raises(ValidationError):
+        SimConfig(faults={"device_memory_step_bytes": "512MiB", "device_memory_step_every": 60, "device_memory_steps": 0})
+
+
 def test_several_gpus_and_seeded_identities() -> None:
     _, model, device = rig(device={"gpus": 4}, seed=3)
     readings = device.readings()
@@ -274,12 +300,14 @@ def test_config_flags_and_validation() -> None:
         "--gpus", "2", "--thermal-throttle-at", "10m", "--thermal-throttle-duration", "90s",
         "--thermal-throttle-clock-ratio", "0.7", "--power-cap-at", "20m", "--power-cap-duration", "1m",
         "--power-cap-watts", "350", "--device-memory-leak-per-hour", "1GiB", "--thermal-time-constant", "5s",
+        "--device-memory-step", "256MiB", "--device-memory-step-every", "30m", "--device-memory-steps", "4",
     ]))  # fmt: skip
     f = cfg.faults
     assert cfg.device.gpus == 2 and cfg.device.thermal_time_constant == 5.0
     assert (f.thermal_throttle_at, f.thermal_throttle_duration, f.thermal_throttle_clock_ratio) == (600, 90, 0.7)
     assert (f.power_cap_at, f.power_cap_duration, f.power_cap_watts) == (1200, 60, 350)
     assert f.device_memory_leak_bytes_per_hour == GiB
+    assert (f.device_memory_step_bytes, f.device_memory_step_every, f.device_memory_steps) == (256 * MiB, 1800, 4)
     assert sim_config_from_args(parser.parse_args([])) == SimConfig()
     for bad in (["--thermal-throttle-clock-ratio", "0"], ["--thermal-throttle-clock-ratio", "1.5"],
                 ["--gpus", "0"], ["--thermal-throttle-duration", "0s"], ["--device-memory-leak-per-hour", "-1"]):

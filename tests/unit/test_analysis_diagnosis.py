@@ -81,6 +81,31 @@ def test_device_memory_growth_is_memory_leak() -> None:
     assert "KV cache not released" not in f
 
 
+def test_device_memory_in_steps_at_flat_kv_is_memory_steps_not_a_leak() -> None:
+    """Window floors that step up 512 MiB at windows 3, 6 and 9 and stay flat for 5 hours after, with the
+    KV usage under load flat: a 'memory steps' warning (does not fail), no 'memory leak'."""
+    ws = [
+        WindowSummary.load({"window": i, "start_unix": 1.7e9 + 1800 * i, "duration_seconds": 1800.0, "partial": False,
+                            "device": {"memory_used_bytes": {"min": 30e9 + 512 * MIB * min(3, i // 3)},
+                                       "memory_total_bytes": 80e9},
+                            "server": {"kv_cache_usage_ratio": {"mean": 0.3}}})
+        for i in range(20)
+    ]  # fmt: skip
+    res = leak.evaluate(ws)
+    f = _by(diagnose(make_window(19, random.Random(5), 300), leak_results=res))
+    assert "memory leak" not in f and set(f) == {"memory steps"}
+    s = f["memory steps"]
+    assert s.kind == "leak" and s.severity == "warning" and s.evidence["fails"] is False
+    assert s.evidence["source"] == "device_memory" and s.evidence["steps"] == 3 and s.evidence["kv_flat"] is True
+    assert s.message.startswith("device_memory (20 windows): grew in 3 steps (+1536.0 MiB in total, last step at "
+                                "window 9), KV usage flat")
+    # the same floors climbing 100 MB/h between the steps too: a memory leak, and no 'memory steps'
+    climbing = [w.model_copy(update={"device": w.device.model_copy(update={"memory_used_bytes": w.device.memory_used_bytes.model_copy(
+        update={"min": w.device.memory_used_bytes.min + 100e6 * 0.5 * w.window})})}) for w in ws]  # fmt: skip
+    f = _by(diagnose(make_window(19, random.Random(5), 300), leak_results=leak.evaluate(climbing)))
+    assert set(f) == {"memory leak"} and f["memory leak"].severity == "critical"
+
+
 def test_error_burst_with_target_down_is_target_restarted() -> None:
     rng = random.Random(6)
     w = make_window(3, rng, 1000, error_rate=0.05, error_outcome="connection_error", target_down_seconds=42.0)
@@ -144,7 +169,7 @@ def test_quiet_window_has_no_findings() -> None:
 
 def test_table_and_finding_dict() -> None:
     for d in ("throttling", "KV cache not released", "target restarted", "bandwidth or cache pressure",
-              "garbled output", "overload", "memory leak"):  # fmt: skip
+              "garbled output", "overload", "memory leak", "memory steps"):  # fmt: skip
         assert d in DIAGNOSES and all(TROUBLESHOOTING[d])
     f = Finding(kind="errors", diagnosis="overload", severity="warning", message="m", evidence={"a": 1}, window=1)
     assert f.to_dict()["evidence"] == {"a": 1}

@@ -15,6 +15,7 @@ from soakd.analysis.leak import (
     memory_series,
     quiesce_probes,
     theil_sen,
+    theil_sen_blocked,
 )
 from soakd.config.analysis import LeakConfig
 from soakd.core.summary import QuiesceProbe, WindowSummary
@@ -246,3 +247,91 @@ def test_a_sustained_climb_is_a_leak_with_its_time_to_exhaustion() -> None:
     fast = [1000.0 * 0.5 * i for i in range(24)]  # 1 GiB/h: 40 GiB in ~28 h, inside the 7 days
     f = evaluate_memory(_probes(fast), "device_memory")
     assert f.fails and f.hours_to_exhaustion < 40
+
+
+# ---------------------------------------------------------------------------------------------
+# staircases: memory in steps at flat KV usage (allocator growth, graph capture per new shape)
+
+MB_PER_WINDOW = 1e6 / MIB * 0.5  # MiB per 30-minute window per MB/h
+
+
+def _stairs(height: float, every: int, count: int | None, n: int = 24, leak_mb_per_hour: float = 0.0) -> list[float]:
+    """``height`` MiB every ``every`` windows (``count`` of them, or forever), plus a linear leak."""
+    return [height * min(count if count is not None else n, i // every) + leak_mb_per_hour * MB_PER_WINDOW * i
+            for i in range(n)]
+
+
+def test_theil_sen_blocked_sees_the_slope_within_blocks_only() -> None:
+    flat = [([0.0, 1.0, 2.0], [5.0, 5.0, 5.0]), ([3.0, 4.0, 5.0, 6.0], [9.0, 9.0, 9.0, 9.0])]
+    slope, lo, hi = theil_sen_blocked(flat)
+    assert slope == 0.0 and lo == 0.0 and hi == 0.0  # the level shift between the blocks moves nothing
+    assert theil_sen([x for b in flat for x in b[0]], [y for b in flat for y in b[1]])[0] > 0  # one block: it does
+    rng = random.Random(3)
+    climbing = [([float(x) for x in range(k * 8, k * 8 + 8)],
+                 [100.0 * k + 2.0 * x + rng.gauss(0, 0.5) for x in range(k * 8, k * 8 + 8)]) for k in range(3)]
+    slope, lo, hi = theil_sen_blocked(climbing)
+    assert slope == pytest.approx(2.0, abs=0.2) and lo > 0
+    assert theil_sen_blocked([([1.0], [1.0]), ([2.0], [5.0])]) is None
+
+
+def test_a_staircase_that_stopped_is_named_steps_not_a_leak() -> None:
+    # 3 steps of 256 MiB at windows 4, 8, 12 (2 h apart), then 6 hours flat; 20 MiB noise per probe
+    for seed in range(5):
+        r = evaluate_memory(_probes(_stairs(256, 4, 3), seed=seed), "device_memory")
+        assert r.pattern == "staircase" and r.steps == 3 and not r.suspected and not r.fails, r.message()
+        assert r.last_step_window == 12 and r.steps_ongoing is False
+        assert r.steps_bytes == pytest.approx(768 * MIB, rel=0.1)
+        assert r.memory_steps and r.ci is not None and r.ci[0] <= 0  # flat between and after the steps
+        assert "grew in 3 steps" in r.message() and "last step at window 12" in r.message()
+        assert "not a linear leak" in r.message()
+
+
+def test_steps_that_keep_coming_are_projected_against_the_exhaustion_budget() -> None:
+    # 256 MiB every 2 h, forever: ~110 MiB/h on average, 40 GiB free: ~15 days, beyond the 7-day budget
+    slow = evaluate_memory(_probes(_stairs(256, 4, None)), "device_memory")
+    assert slow.pattern == "staircase" and slow.steps == 5 and slow.steps_ongoing and not slow.suspected
+    assert slow.memory_steps and 300 < slow.hours_to_exhaustion < 400
+    assert slow.growth_per_hour == pytest.approx(1280 * MIB / 11.5, rel=0.1)
+    assert "steps still coming" in slow.message()
+    # 2 GiB every 2 h, forever: memory runs out in ~1.5 days: an unbounded staircase is a leak
+    fast = evaluate_memory(_probes(_stairs(2048, 4, None)), "device_memory")
+    assert fast.pattern == "unbounded staircase" and fast.suspected and fast.fails and not fast.memory_steps
+    assert fast.hours_to_exhaustion < 48 and "a leak" in fast.message()
+    # the same steps that stopped (a long flat plateau after the last): named, not projected
+    stopped = evaluate_memory(_probes(_stairs(2048, 4, 3)), "device_memory")
+    assert stopped.pattern == "staircase" and not stopped.suspected and stopped.hours_to_exhaustion is None
+
+
+def test_steps_on_a_linear_leak_are_a_leak() -> None:
+    # 3 steps of 512 MiB and a 20 MB/h climb between them: the climb within the plateaus is the leak
+    for seed in range(5):
+        r = evaluate_memory(_probes(_stairs(512, 4, 3, leak_mb_per_hour=20), seed=seed), "device_memory")
+        assert r.pattern == "steps on a sustained climb" and r.suspected and not r.memory_steps, r.message()
+        assert r.steps == 3 and r.growth_per_hour == pytest.approx(20e6, rel=0.5) and r.ci[0] > 0
+        assert "between the steps it still climbs" in r.message()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_linear_leak_one_step_and_noise_are_judged_as_before(seed: int) -> None:
+    linear = evaluate_memory(_probes(_stairs(0, 4, 0, leak_mb_per_hour=50), seed=seed, noise_mib=50),
+                             "device_memory")
+    assert linear.pattern == "sustained climb" and linear.suspected and linear.steps == 0
+    one = evaluate_memory(_probes([512.0 if i >= 4 else 0.0 for i in range(24)], seed=seed), "device_memory")
+    assert one.pattern == "one-off step" and not one.suspected and one.steps == 0 and not one.memory_steps
+    noise = evaluate_memory(_probes([0.0] * 24, seed=seed, noise_mib=50), "device_memory")
+    assert noise.pattern == "flat" and not noise.suspected and noise.steps == 0
+
+
+def test_steps_with_growing_kv_usage_are_not_named_steps() -> None:
+    windows = _probes(_stairs(256, 4, 3))
+    assert [r for r in evaluate(windows) if r.source == "device_memory"][0].kv_flat is None  # KV not measured
+    flat = [w.model_copy(update={"quiesce": w.quiesce.model_copy(update={"kv_cache_usage_ratio": 0.01})})
+            for w in windows]
+    dm = [r for r in evaluate(flat) if r.source == "device_memory"][0]
+    assert dm.kv_flat is True and dm.memory_steps and "KV usage flat" in dm.message()
+    growing = [w.model_copy(update={"quiesce": w.quiesce.model_copy(update={"kv_cache_usage_ratio": 0.01 * i})})
+               for i, w in enumerate(windows)]
+    res = {r.source: r for r in evaluate(growing)}
+    assert res["kv_residue"].suspected
+    assert res["device_memory"].pattern == "staircase" and res["device_memory"].kv_flat is False
+    assert not res["device_memory"].memory_steps
