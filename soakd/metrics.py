@@ -290,6 +290,9 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     MetricSpec("soakd_server_requests_waiting", "gauge", "Requests queued in the server.", group="server"),
     MetricSpec("soakd_server_preemptions_total", "counter", "Requests the server preempted (or retracted).",
                group="server"),
+    MetricSpec("soakd_server_generation_tokens_total", "counter",
+               "Tokens the server generated since it started, by its own counter (vLLM, SGLang, TensorRT-LLM, "
+               "llama.cpp; summed over engines; resets when the server restarts).", group="server"),
     MetricSpec("soakd_server_prefix_cache_hit_ratio", "gauge",
                "Prefix-cache hits / queries since the server started, 0-1.", group="server"),
     MetricSpec("soakd_server_ttft_seconds_total", "counter",
