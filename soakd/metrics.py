@@ -128,8 +128,9 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     MetricSpec("soakd_target_up", "gauge",
                "1 while the target answers (last request reached it, or /v1/models answered), else 0."),
     MetricSpec("soakd_engine_wedged", "gauge",
-               "1 while requests are in flight, no byte has come from any for longer than the freeze threshold, "
-               "and the server still answers GET /v1/models (its engine is wedged), else 0."),
+               "1 while requests are in flight and no byte has come from any (or the server's token counter has "
+               "stood still with requests running) for longer than the freeze threshold, and the server still "
+               "answers GET /v1/models (its engine is wedged), else 0."),
     # ---- run progress
     MetricSpec("soakd_soak_elapsed_seconds", "gauge", "Seconds since the soak started sending load.", group="run"),
     MetricSpec("soakd_soak_progress_ratio", "gauge", "Elapsed share of the configured duration, 0-1.", group="run"),
