@@ -128,8 +128,9 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     MetricSpec("soakd_target_up", "gauge",
                "1 while the target answers (last request reached it, or /v1/models answered), else 0."),
     MetricSpec("soakd_engine_wedged", "gauge",
-               "1 while requests are in flight, no byte has come from any for longer than the freeze threshold, "
-               "and the server still answers GET /v1/models (its engine is wedged), else 0."),
+               "1 while requests are in flight and no byte has come from any (or the server's token counter has "
+               "stood still with requests running) for longer than the freeze threshold, and the server still "
+               "answers GET /v1/models (its engine is wedged), else 0."),
     # ---- run progress
     MetricSpec("soakd_soak_elapsed_seconds", "gauge", "Seconds since the soak started sending load.", group="run"),
     MetricSpec("soakd_soak_progress_ratio", "gauge", "Elapsed share of the configured duration, 0-1.", group="run"),
@@ -295,6 +296,9 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     MetricSpec("soakd_server_requests_waiting", "gauge", "Requests queued in the server.", group="server"),
     MetricSpec("soakd_server_preemptions_total", "counter", "Requests the server preempted (or retracted).",
                group="server"),
+    MetricSpec("soakd_server_generation_tokens_total", "counter",
+               "Tokens the server generated since it started, by its own counter (vLLM, SGLang, TensorRT-LLM, "
+               "llama.cpp; summed over engines; resets when the server restarts).", group="server"),
     MetricSpec("soakd_server_prefix_cache_hit_ratio", "gauge",
                "Prefix-cache hits / queries since the server started, 0-1.", group="server"),
     MetricSpec("soakd_server_ttft_seconds_total", "counter",

@@ -323,8 +323,14 @@ class Runtime:
         driver = LoadDriver(cfg.load, self.client, workload, recorder, timeline, max_requests=cfg.run.max_requests,
                             seed=cfg.run.seed, clock=clock)
         self.load = self.status.load = Load(timeline, windows, recorder, driver)
+        server = next((r for r in self.runners if r.name == "server"), None)
         self.wedge = WedgeWatch(recorder, self.probe_client.list_models, self.analyzer, self.metrics.engine_wedged,
-                                window_at=lambda ago: timeline.window_at(clock.monotonic() - ago))
+                                window_at=lambda ago: timeline.window_at(clock.monotonic() - ago),
+                                scrape_interval=server.interval if server is not None else 5.0,
+                                tokens_per_step=lambda: bool(getattr(getattr(server.sampler, "table", None),
+                                                                     "tokens_per_step", False)))
+        if server is not None:  # the server's own token counter, each scrape (soakd.soak.wedge)
+            server.listeners.append(self.wedge.on_server_sample)
         for p in self.peers:  # the same timeline and seed: the same traffic at the same moments
             assert p.model is not None
             pw = WindowSet(timeline, confidence=cfg.analysis.drift.confidence, patience=self.policies.close_patience,

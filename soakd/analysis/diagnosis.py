@@ -98,7 +98,8 @@ TROUBLESHOOTING: dict[str, tuple[str, str]] = {
         "cooling cycles (fan curves, inlet temperature), power management, a periodic job on the host or cluster",
     ),
     "engine wedged": (
-        "requests in flight and not a byte from any of them while the server still answers /health and /v1/models",
+        "requests in flight and not a byte from any of them (or the server's token counter still while it runs "
+        "requests) while the server still answers /health and /v1/models",
         "the engine's logs and stack (py-spy dump of the engine core), a scheduler or collective deadlock, "
         "GPU hangs (Xid); restart the server and note the uptime it wedged at",
     ),

@@ -361,7 +361,8 @@ class Analyzer:
         self._finding(wedge_finding(ep))
 
     def wedge_ended(self, ep: dict[str, Any], seconds: float) -> None:
-        self._event("freeze", "info", f"engine recovered: bytes again after {seconds:.1f} s wedged",
+        self._event("freeze", "info", f"engine recovered: generating again after {seconds:.1f} s wedged "
+                    f"(seen by {', '.join(ep.get('sources_seen') or ep.get('sources') or ['streams'])})",
                     {"wedged_seconds": seconds, **ep}, ep.get("window"))
 
     def add_canary(self, result: CanaryOutcome, window: int | None) -> None:

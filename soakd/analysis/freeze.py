@@ -41,9 +41,19 @@ def freeze_finding(w: Window, need: float) -> Finding | None:
 
 
 def wedge_finding(ep: dict[str, Any]) -> Finding:
-    """A live wedge: requests in flight, no byte, the server still answering GET /v1/models."""
+    """A live wedge: requests in flight and no byte from any of them (``streams``), or requests running on
+    the server and its token counter still (``server_tokens``), while the server answers GET /v1/models."""
+    sources = ep.get("sources") or ["streams"]
+    seen = []
+    if "streams" in sources:
+        seen.append(f"no byte from any of the {ep['in_flight']} requests in flight for {ep['silence_seconds']:.1f} s")
+    if "server_tokens" in sources:
+        seen.append(f"the server's generated-token counter still at {ep['server_generation_tokens_total']:.0f} for "
+                    f"{ep['server_tokens_flat_seconds']:.1f} s with {ep['server_requests_running']:.0f} requests "
+                    "running")
+    elif ep.get("server_tokens_flat_seconds") is not None:
+        seen.append(f"its token counter flat for {ep['server_tokens_flat_seconds']:.1f} s so far")
     return Finding(kind="freeze", diagnosis="engine wedged", severity="critical",
-                   message=f"no byte from any of the {ep['in_flight']} requests in flight for {ep['silence_seconds']:.1f} s "
-                           f"(threshold {ep['threshold_seconds']:.1f} s) while the server still answers GET /v1/models: "
-                           "its engine generates nothing",
+                   message="; ".join(seen) + f" (threshold {ep['threshold_seconds']:.1f} s) while the server still "
+                           "answers GET /v1/models: its engine generates nothing",
                    evidence=dict(ep), window=ep.get("window"))

@@ -108,8 +108,9 @@ class SimFaults(BaseModel):
     freeze_every: Duration | None = Field(
         None,
         gt=0,
-        description="The whole engine freezes every so often (server uptime k x freeze_every, k >= 1): no stream "
-        "emits a token for freeze_duration, while /health and /v1/models still answer.",
+        description="The whole engine freezes every so often (server uptime k x freeze_every, k >= 1): no request, "
+        "streamed or not, gets a token for freeze_duration and /metrics' vllm:generation_tokens_total stands still "
+        "with vllm:num_requests_running > 0, while /health and /v1/models still answer (a wedged engine).",
     )
     freeze_duration: Duration = Field(10.0, gt=0, description="How long each engine freeze lasts.")
     truncate_rate: float = Field(

@@ -22,6 +22,15 @@ Normalised series (catalogue group "server"):
 - ``soakd_server_requests_running`` / ``_waiting``: **sum** across engines and models.
 - ``soakd_server_preemptions_total``: sum of the server's cumulative counter (vLLM preemptions,
   SGLang retractions); it resets when the server restarts, which Prometheus' ``rate()`` handles.
+- ``soakd_server_generation_tokens_total``: the server's cumulative count of generated tokens (vLLM
+  ``generation_tokens_total``, SGLang ``generation_tokens_total``, trtllm-serve
+  ``trtllm_generation_tokens_total``, llama.cpp ``tokens_predicted_total``), summed over engines;
+  it resets with the server (a lower value: ``RestartDetector``). vLLM counts each engine step's
+  tokens (``ServerTable.tokens_per_step``); SGLang, TensorRT-LLM and llama.cpp add a request's tokens
+  when it finishes (SGLang ``observe_one_finished_request``, TensorRT-LLM's per-request metrics,
+  llama.cpp ``on_prediction`` at the slot's end), so there a flat counter only means something over
+  longer than a request takes (``soakd.soak.wedge``). TGI and Triton have no such counter
+  (``tgi_request_generated_tokens`` is a per-request histogram): no series.
 - ``soakd_server_prefix_cache_hit_ratio``: cumulative hits / queries since the server started
   (summed over engines before dividing; omitted while queries are 0). Servers that only give a
   cumulative hit-rate gauge (vLLM V0) use it.
@@ -100,6 +109,8 @@ class ServerTable:
     prefix_ratio: tuple[Ref, ...] = ()  # cumulative 0-1 gauges (negative = disabled)
     ttft: tuple[Ref, ...] = ()  # the server's own TTFT histogram (base name: _sum and _count are read)
     itl: tuple[Ref, ...] = ()  # the server's own inter-token latency histogram
+    generation: tuple[Ref, ...] = ()  # counters: generated tokens
+    tokens_per_step: bool = False  # the generation counter moves every engine step (else when a request ends)
     replica_labels: tuple[str, ...] = ()
     signals: tuple[Ref, ...] = field(init=False, default=())
 
@@ -129,6 +140,9 @@ VLLM = ServerTable(
     preemptions=_r("vllm:num_preemptions_total"),
     ttft=_r("vllm:time_to_first_token_seconds"),
     itl=_r("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    # V1: PrometheusStatLogger.record adds each iteration's num_generation_tokens (V0: each step's too)
+    generation=_r("vllm:generation_tokens_total"),
+    tokens_per_step=True,
     prefix=(
         PrefixSource(Ref("vllm:prefix_cache_hits_total"), queries=Ref("vllm:prefix_cache_queries_total")),
         PrefixSource(Ref("vllm:gpu_prefix_cache_hits_total"), queries=Ref("vllm:gpu_prefix_cache_queries_total")),
@@ -150,6 +164,7 @@ SGLANG = ServerTable(
     preemptions=_r("sglang:num_retracted_requests_total"),
     ttft=_r("sglang:time_to_first_token_seconds"),
     itl=_r("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
+    generation=_r("sglang:generation_tokens_total"),  # TokenizerMetricsCollector.observe_one_finished_request
     prefix=(PrefixSource(Ref("sglang:cached_tokens_total"), queries=Ref("sglang:prompt_tokens_total")),),
     replica_labels=("tp_rank", "pp_rank"),
 )
@@ -177,6 +192,7 @@ TRTLLM = ServerTable(
         PrefixSource(Ref("trtllm_kv_cache_reused_blocks_total"), misses=Ref("trtllm_kv_cache_missed_blocks_total")),
     ),
     prefix_ratio=_r("trtllm_kv_cache_hit_rate"),
+    generation=_r("trtllm_generation_tokens_total"),  # one of MetricsCollector's per-request metrics
     replica_labels=("pid",),
 )
 
@@ -205,6 +221,7 @@ LLAMACPP = ServerTable(
     kv=_r("llamacpp:kv_cache_usage_ratio"),
     running=_r("llamacpp:requests_processing"),
     waiting=_r("llamacpp:requests_deferred"),
+    generation=_r("llamacpp:tokens_predicted_total"),  # server_metrics::on_prediction, at the slot's end
     prefix=(
         PrefixSource(Ref("llamacpp:prompt_tokens_cached_total"), misses=Ref("llamacpp:prompt_tokens_total")),
     ),
@@ -324,6 +341,11 @@ def normalise(table: ServerTable, expo: Exposition) -> tuple[list[Series], bool]
         if value is not None:
             out.append(series("soakd_server_preemptions_total", value))
             break
+    for r in table.generation:
+        value = _counter(expo, r, rep)
+        if value is not None:
+            out.append(series("soakd_server_generation_tokens_total", value))
+            break
     ratio = prefix_hit_ratio(table, expo)
     if ratio is not None:
         out.append(series("soakd_server_prefix_cache_hit_ratio", ratio))
@@ -346,7 +368,8 @@ def normalise(table: ServerTable, expo: Exposition) -> tuple[list[Series], bool]
 
 
 # cumulative series of one server process: lower than at the previous scrape, the server restarted
-_CUMULATIVE = ("soakd_server_preemptions_total", "soakd_server_ttft_seconds_total", "soakd_server_ttft_requests_total",
+_CUMULATIVE = ("soakd_server_preemptions_total", "soakd_server_generation_tokens_total",
+               "soakd_server_ttft_seconds_total", "soakd_server_ttft_requests_total",
                "soakd_server_itl_seconds_total", "soakd_server_itl_tokens_total")
 
 

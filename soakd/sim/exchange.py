@@ -198,6 +198,7 @@ class Exchange:
         stall = model.config.faults.stall_duration
         if plan.stall_at is not None and (n < 2 or plan.stall_at == 0):
             deadline += stall
+        deadline = model.frozen_until(deadline, loop.time())  # the engine freeze holds every request
         await _sleep_until(loop, deadline)
         self.t_first = loop.time()
         self.t_first_ns = time.perf_counter_ns()
@@ -214,6 +215,7 @@ class Exchange:
                 self._abort_connection()
                 return web.Response(status=500)  # never reaches the client
             if i % step == 0 or i == n - 1:
+                deadline = model.frozen_until(deadline, loop.time())
                 await _sleep_until(loop, deadline)
                 now = loop.time()
                 model.itl.observe((now - self.t_last) / (i - last_i), i - last_i)

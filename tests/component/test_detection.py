@@ -781,6 +781,49 @@ async def test_a_wedged_engine_is_found_live_while_its_front_end_answers(tmp_pat
 
 
 @pytest.mark.timeout(120)
+async def test_a_wedge_soakds_streams_cannot_see_is_found_from_the_servers_token_counter(tmp_path: Path) -> None:
+    """Every request non-streamed (a body is silent until its end: the streams' watch sees nothing). At 8 s of
+    uptime (every 8 s; once in this run) the simulated engine generates nothing for 4 s while /v1/models answers, and its
+    vllm:generation_tokens_total stands still with 16 requests running. The wedge watch finds it from the
+    server's counter (scraped every 0.25 s) within seconds of the 1 s threshold: a critical 'engine wedged'
+    finding whose evidence names the source, soakd_engine_wedged 1 during it, soakd_server_generation_tokens_total
+    exported."""
+    faults = {"freeze_every": 8.0, "freeze_duration": 4.0}
+    seen: list[tuple[float, float]] = []  # (loop time, soakd_engine_wedged)
+    async with SimServer(SimConfig(**SIM, faults=faults)) as sim:
+        soak = Soak(soak_config(sim, tmp_path / "run", windows=6, window=2.0, warmup=1.0,
+                                scenarios={"short_chat": {"stream": False}},
+                                analysis={"client": {"freeze_min": 1.0}, "drift": {"baseline_windows": 2}}))
+        loop = asyncio.get_running_loop()
+        tokens = []
+        while not soak.task.done():
+            now = samples(soak.daemon)
+            seen.append((loop.time(), value(now, "soakd_engine_wedged") or 0.0))
+            tokens.append(value(now, "soakd_server_generation_tokens_total"))
+            await asyncio.sleep(0.1)
+        await soak.finish(60)
+        started = sim.model.started  # the simulator's uptime clock is time.monotonic, as the loop's
+    d, final = soak.daemon, soak.final
+    wedged = [f for f in d.analyzer.findings if f["diagnosis"] == "engine wedged"]
+    assert wedged, d.analyzer.findings
+    for f in wedged:
+        ev = f["evidence"]
+        assert f["severity"] == "critical" and ev["sources"] == ["server_tokens"], ev
+        assert ev["silence_seconds"] is None and ev["server_requests_running"] >= 1
+        # judged over scrapes spanning the threshold, found within a check and a few scrapes of it
+        assert ev["threshold_seconds"] <= ev["server_tokens_flat_seconds"] <= ev["threshold_seconds"] + 2.5, ev
+    assert any(t for t in tokens if t), "soakd_server_generation_tokens_total is exported"
+    ups = [t for (t, v), (_, before) in zip(seen[1:], seen) if v == 1.0 and before == 0.0]
+    assert ups and seen[-1][1] == 0.0
+    # from each freeze's start (uptime 8k s) to the gauge: the threshold plus the detection delay
+    delays = [round(t - started - 8.0 * round((t - started) / 8.0), 2) for t in ups]
+    assert all(0.9 <= x <= 4.0 for x in delays), delays
+    assert any(r.startswith("freeze: engine wedged") for r in final["verdict"]["reasons"])
+    print(f"\nwedge from the server's counter: seconds from freeze start to soakd_engine_wedged 1: {delays}; "
+          f"flat span when found {[round(f['evidence']['server_tokens_flat_seconds'], 2) for f in wedged]}")
+
+
+@pytest.mark.timeout(120)
 async def test_an_engine_freeze_is_found_while_soakd_stays_punctual(tmp_path: Path) -> None:
     """The simulated engine emits no token for 1.5 s every 4 s of its uptime (its health and model
     endpoints keep answering); with ``client.freeze_min`` 1 s (compressed like the run) every

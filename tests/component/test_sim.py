@@ -735,6 +735,36 @@ async def test_stall_pauses_mid_stream() -> None:
     assert events[-1][1] == b"[DONE]"
 
 
+async def test_an_engine_freeze_stops_every_request_and_the_token_counter_while_the_api_answers() -> None:
+    """freeze_every 1 s / freeze_duration 0.6 s: from 1 s of uptime no token for 0.6 s, for a streamed and a
+    non-streamed request alike; vllm:generation_tokens_total stands still with both running, /v1/models and
+    /health answer; afterwards both finish and the counter moves again (what soakd's wedge watch reads)."""
+    faults = {"freeze_every": 1.0, "freeze_duration": 0.6}
+    async with running(ttft_base=0, tpot_base=0.01, tpot_per_batch=0, faults=faults) as (sim, s):
+        t0 = time.perf_counter()
+        streamed = asyncio.create_task(stream_events(
+            s, sim.base_url + "/chat/completions", {"messages": MSG, "max_tokens": 200, "stream": True}))
+        plain = asyncio.create_task(s.post(sim.base_url + "/completions", json={"prompt": "x", "max_tokens": 200}))
+        await asyncio.sleep(1.15 - (time.perf_counter() - t0))  # inside the first freeze
+        before = await scrape(sim, s)
+        await asyncio.sleep(0.3)
+        after = await scrape(sim, s)
+        async with s.get(sim.base_url + "/models") as r:
+            assert r.status == 200
+        async with s.get(sim.url + "/health") as r:
+            assert r.status == 200
+        assert before["vllm:num_requests_running"] == 2 and after["vllm:num_requests_running"] == 2
+        assert 0 < before["vllm:generation_tokens_total"] == after["vllm:generation_tokens_total"] < 400
+        events = await streamed
+        resp = await plain
+        assert resp.status == 200 and (await resp.json())["usage"]["completion_tokens"] == 200
+        resp.release()
+        assert time.perf_counter() - t0 >= 2.6  # 2 s of tokens, held through the freezes at 1 s and 2 s
+        assert (await scrape(sim, s))["vllm:generation_tokens_total"] == 400
+        gaps = [b - a for a, b in itertools.pairwise(content_times(events))]
+        assert max(gaps) >= 0.5
+
+
 async def test_garbled_and_empty_outputs() -> None:
     async with running(faults={"garbled_rate": 1.0}, **FAST) as (sim, s):
         async with s.post(

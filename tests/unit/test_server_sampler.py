@@ -23,7 +23,8 @@ from soakd.metrics import BY_NAME
 from soakd.core.series import Series
 from soakd.samplers.base import SamplerRunner, SamplerUnavailable, SnapshotCollector
 from soakd.samplers.promtext import Exposition, ScrapeError, counter_names, parse_exposition, redact_url, ref
-from soakd.samplers.server import TABLES, ServerSampler, detect, metrics_urls, normalise
+from soakd.core.series import series
+from soakd.samplers.server import TABLES, RestartDetector, ServerSampler, detect, metrics_urls, normalise
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -112,7 +113,8 @@ def expected(kind: str, **values: float) -> dict[tuple[str, tuple[tuple[str, str
              "waiting": "soakd_server_requests_waiting", "preemptions": "soakd_server_preemptions_total",
              "prefix": "soakd_server_prefix_cache_hit_ratio", "ttft_s": "soakd_server_ttft_seconds_total",
              "ttft_n": "soakd_server_ttft_requests_total", "rss": "soakd_server_process_resident_memory_bytes",
-             "start": "soakd_server_process_start_time_seconds", "restarts": "soakd_server_restarts_total"}  # fmt: skip
+             "start": "soakd_server_process_start_time_seconds", "restarts": "soakd_server_restarts_total",
+             "gen": "soakd_server_generation_tokens_total"}  # fmt: skip
     values.setdefault("restarts", 0)
     out = {("soakd_server_info", (("kind", kind),)): 1.0}
     for key, value in values.items():
@@ -138,13 +140,14 @@ def sampler_for(server: MetricsServer, **config: str) -> ServerSampler:
 GOLDEN = [
     # the server's own TTFT histogram: its sum and count, over both engines
     ("vllm_v1", "vllm", expected("vllm", kv=0.375, running=8, waiting=1, preemptions=3, prefix=0.4,
-                                 ttft_s=6.917 + 7.204, ttft_n=199, rss=2.146762752e9, start=1.75923345618e9)),
+                                 ttft_s=6.917 + 7.204, ttft_n=199, rss=2.146762752e9, start=1.75923345618e9,
+                                 gen=20480 + 19968)),
     ("vllm_v0", "vllm", expected("vllm", kv=0.6, running=4, waiting=2, preemptions=7, prefix=0.35,
-                                 ttft_s=1.34, ttft_n=7)),
+                                 ttft_s=1.34, ttft_n=7, gen=40410)),
     ("sglang", "sglang", expected("sglang", kv=0.4, running=10, waiting=3, preemptions=5, prefix=0.3,
-                                  ttft_s=1.71, ttft_n=5)),
+                                  ttft_s=1.71, ttft_n=5, gen=21873)),
     ("tgi", "tgi", expected("tgi", kv=30000 / 120000, running=12, waiting=4)),
-    ("llamacpp", "llamacpp", expected("llamacpp", running=2, waiting=1, prefix=766 / 2000)),
+    ("llamacpp", "llamacpp", expected("llamacpp", running=2, waiting=1, prefix=766 / 2000, gen=8801)),
 ]
 
 
@@ -175,7 +178,7 @@ async def test_golden_trtllm_serve_found_at_prometheus_metrics() -> None:
             await sampler.aclose()
     assert sampler.table is not None and sampler.table.name == "trtllm"
     assert sampler.url == server.origin + "/prometheus/metrics"
-    assert_series(got, expected("trtllm", kv=0.3125, running=7, waiting=2, prefix=0.3))
+    assert_series(got, expected("trtllm", kv=0.3125, running=7, waiting=2, prefix=0.3, gen=41000))
 
 
 async def test_golden_triton_trtllm_with_explicit_url() -> None:
@@ -600,6 +603,21 @@ async def test_the_embedded_simulator_reads_as_vllm() -> None:
     assert got[("soakd_server_requests_waiting", ())] == 0
     assert 0 <= got[("soakd_server_kv_cache_usage_ratio", ())] <= 1
     assert got[("soakd_server_preemptions_total", ())] == 0
+    assert got[("soakd_server_generation_tokens_total", ())] == 0
+
+
+def test_the_generation_counter_says_how_it_moves_and_a_lower_one_is_a_restart() -> None:
+    """vLLM counts tokens every engine step; SGLang, TensorRT-LLM and llama.cpp when a request ends (the
+    wedge watch needs to know); TGI has no counter. A generation counter that went down is a restart."""
+    tables = {t.name: t for t in TABLES}
+    assert tables["vllm"].tokens_per_step
+    assert not any(tables[n].tokens_per_step for n in ("sglang", "trtllm", "llamacpp"))
+    assert ("soakd_server_generation_tokens_total", ()) not in _norm(fixture("tgi"))
+    det = RestartDetector()
+    assert det.update([series("soakd_server_generation_tokens_total", 500.0)]) is None
+    assert det.update([series("soakd_server_generation_tokens_total", 500.0)]) is None  # flat: no restart
+    why = det.update([series("soakd_server_generation_tokens_total", 20.0)])
+    assert why is not None and "generation_tokens_total fell from 500 to 20" in why and det.restarts == 1
 
 
 async def test_a_slow_server_times_out_with_a_clear_error() -> None:

@@ -1,14 +1,17 @@
 """The live engine-wedge watch (soakd.soak.wedge) on injected time: requests in flight and silent past
-the freeze threshold while GET /models answers is a wedge; an idle server, a server that does not
-answer, a late check of soakd's own, or bytes that keep coming are not."""
+the freeze threshold while GET /models answers is a wedge, and so is a server whose generated-token counter
+stands still while it runs requests; an idle server, a server that does not answer, a late check of soakd's
+own, bytes or tokens that keep coming, or a restart are not."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from soakd.analysis.engine import Analyzer
 from soakd.config import AnalysisConfig
 from soakd.core.records import RequestRecord
+from soakd.core.series import series
 from soakd.metrics import Gauge
 from soakd.metrics import BY_NAME
 from soakd.soak.wedge import WedgeWatch
@@ -115,3 +118,121 @@ async def test_idle_servers_dead_servers_and_late_checks_are_not_wedged() -> Non
     assert probes == [] and not analyzer.findings
     await _tick(w, clock, 1.0)
     assert len(analyzer.findings) == 1
+
+
+# ---- the server's side: its generated-token counter while it reports requests running
+
+
+class Snap:
+    def __init__(self, tokens: float | None, running: float, start: float = 1.7e9) -> None:
+        self.series = [series("soakd_server_requests_running", running),
+                       series("soakd_server_process_start_time_seconds", start)]
+        if tokens is not None:
+            self.series.append(series("soakd_server_generation_tokens_total", tokens))
+
+
+def _counter_watch(answers: bool = True, per_step: bool = True) -> tuple[WedgeWatch, Clock, Recorder, Analyzer, Gauge,
+                                                                          list[int]]:
+    w, clock, rec, analyzer, gauge, probes = _watch(answers)
+    w.scrape_interval = 1.0
+    w.tokens_per_step = lambda: per_step
+    return w, clock, rec, analyzer, gauge, probes
+
+
+async def _scrape(w: WedgeWatch, clock: Clock, tokens: float | None, running: float, start: float = 1.7e9) -> None:
+    """One second on: a scrape of the server, then the watch's check."""
+    clock.ns += S
+    w.on_server_sample("server", Snap(tokens, running, start))
+    await w.check()
+
+
+async def test_a_still_token_counter_with_requests_running_is_a_wedge_with_nothing_of_soakds_in_flight() -> None:
+    """soakd has nothing streamed in flight (non-streamed requests, or other clients'): the server's own counter
+    stands still over scrapes spanning the 2 s threshold while it runs 4 requests and answers GET /models."""
+    w, clock, rec, analyzer, gauge, probes = _counter_watch()
+    rec.active.add(_rec(clock.ns, stream=False))  # silent until its end: the streams cannot see it
+    for tokens in (100, 150, 150):  # moved at the 2nd scrape, then 1 s flat: below the threshold
+        await _scrape(w, clock, tokens, 4)
+    assert probes == [] and not analyzer.findings and w.counter_flat(clock.ns) == 1.0
+    await _scrape(w, clock, 150, 4)  # 2 s flat over three scrapes: probed, answered: wedged
+    assert gauge.value == 1.0 and len(probes) == 1
+    (f,) = analyzer.findings
+    ev = f["evidence"]
+    assert f["diagnosis"] == "engine wedged" and f["severity"] == "critical" and f["window"] == 3
+    assert ev["sources"] == ["server_tokens"] and ev["silence_seconds"] is None
+    assert ev["server_tokens_flat_seconds"] == 2.0 and ev["server_requests_running"] == 4
+    assert ev["server_generation_tokens_total"] == 150 and "counter still at 150" in f["message"]
+    await _scrape(w, clock, 150, 4)  # the same episode
+    assert len(probes) == 1 and len(analyzer.findings) == 1
+    await _scrape(w, clock, 151, 4)  # a token: the episode ends
+    assert gauge.value == 0.0 and w.episode is None and w.episodes == 1
+
+
+async def test_both_sources_are_named_when_they_both_see_it() -> None:
+    w, clock, rec, analyzer, gauge, probes = _counter_watch()
+    rec.active.add(_rec(clock.ns + S))  # streamed, silent from the first scrape on
+    for tokens in (10, 10, 10):  # counter flat 2 s, streams silent 2 s: both at the same check
+        await _scrape(w, clock, tokens, 2)
+    (f,) = analyzer.findings
+    assert f["evidence"]["sources"] == ["streams", "server_tokens"], f
+    ended: list[dict] = []
+    w.analyzer.wedge_ended = lambda ep, took: ended.append(ep)  # type: ignore[method-assign]
+    rec.active.clear()
+    await _scrape(w, clock, 11, 0)
+    assert ended and ended[0]["sources_seen"] == ["streams", "server_tokens"]
+
+
+async def test_idle_flat_counters_dead_servers_and_restarts_are_not_wedged() -> None:
+    # idle: a flat counter with nothing running, however long
+    w, clock, rec, analyzer, gauge, probes = _counter_watch()
+    for _ in range(10):
+        await _scrape(w, clock, 500, 0)
+    assert probes == [] and not analyzer.findings
+    # running, but the counter keeps moving (a busy, healthy server)
+    for i in range(10):
+        await _scrape(w, clock, 500 + i, 8)
+    assert probes == [] and not analyzer.findings
+    # a server without a token counter (TGI): nothing to judge
+    for _ in range(10):
+        await _scrape(w, clock, None, 8)
+    assert probes == [] and not analyzer.findings
+    # the scrapes stop (the server is gone): the last flat span stays below the threshold, then goes stale
+    w, clock, rec, analyzer, gauge, probes = _counter_watch()
+    for _ in range(2):
+        await _scrape(w, clock, 70, 3)  # 1 s flat
+    for _ in range(10):
+        await _tick(w, clock)
+    assert w.counter_flat(clock.ns) is None and probes == [] and not analyzer.findings
+    # flat past the threshold, but GET /models does not answer: an outage, not a wedge
+    w, clock, rec, analyzer, gauge, probes = _counter_watch(answers=False)
+    for _ in range(6):
+        await _scrape(w, clock, 70, 3)
+    assert probes and not analyzer.findings and gauge.value == 0.0
+    # a restart: a new process start time begins a new span (here the counter is 0 on both sides of it)
+    w, clock, rec, analyzer, gauge, probes = _counter_watch()
+    await _scrape(w, clock, 0, 2)
+    await _scrape(w, clock, 0, 2)  # 1 s flat
+    await _scrape(w, clock, 0, 2, start=1.7e9 + 60)  # restarted: from here
+    await _scrape(w, clock, 0, 2, start=1.7e9 + 60)  # 1 s flat: 3 s had the restart been missed
+    assert probes == [] and not analyzer.findings
+    # a restart: the counter went down (reset), the span starts again
+    await _scrape(w, clock, 900, 2)
+    await _scrape(w, clock, 900, 2)
+    await _scrape(w, clock, 5, 2)
+    await _scrape(w, clock, 5, 2)
+    assert probes == [] and not analyzer.findings
+
+
+async def test_a_counter_counted_when_requests_end_must_stay_still_longer_than_a_request_takes() -> None:
+    """SGLang, TensorRT-LLM and llama.cpp add a request's tokens when it ends: a working engine leaves the counter
+    flat while its requests run. With a baseline e2e p99 of 2 s the span must pass 6 s, not the 2 s threshold."""
+    w, clock, rec, analyzer, gauge, probes = _counter_watch(per_step=False)
+    q = SimpleNamespace
+    analyzer.baseline = q(e2e_seconds=q(p99=2.0), ttft_seconds=q(p95=0.1), itl_seconds=q(p99=0.02))  # type: ignore[assignment]
+    assert w.counter_threshold(analyzer.freeze_threshold()) == 6.0
+    for _ in range(6):  # 5 s flat: a long request, not a wedge
+        await _scrape(w, clock, 40, 2)
+    assert probes == [] and not analyzer.findings
+    await _scrape(w, clock, 40, 2)  # 6 s
+    (f,) = analyzer.findings
+    assert f["evidence"]["server_tokens_threshold_seconds"] == 6.0 and f["evidence"]["sources"] == ["server_tokens"]
