@@ -828,6 +828,9 @@ async def test_a_kv_cache_saturated_and_stuck_is_named_as_such_and_pages_once(tm
     assert 0.9 <= delay <= 4.0, delay
     assert any(r.startswith("freeze: KV cache saturated") for r in final["verdict"]["reasons"])
     assert final["verdict"]["result"] == "FAIL"
+    # the report's troubleshooting table has its row, with what to check
+    (row,) = [r for r in report_of(soak.state_dir, d.run_id)["troubleshooting"] if r["diagnosis"] == "KV cache saturated"]
+    assert row["severity"] == "critical" and row["windows"] == [3] and "preemptions" in row["check"]
     print(f"\nKV cache saturated: {delay:.2f} s from the fault's start to soakd_kv_cache_saturated 1 (threshold "
           f"{ev['threshold_seconds']:.1f} s); sources {ev['sources']}; gauge 1 for "
           f"{sum(v for _, v, _ in seen) * 0.1:.1f} s")
