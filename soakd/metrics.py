@@ -131,6 +131,10 @@ CATALOGUE: tuple[MetricSpec, ...] = (
                "1 while requests are in flight and no byte has come from any (or the server's token counter has "
                "stood still with requests running) for longer than the freeze threshold, and the server still "
                "answers GET /v1/models (its engine is wedged), else 0."),
+    MetricSpec("soakd_kv_cache_saturated", "gauge",
+               "1 while the server's engine is stuck with its KV cache pinned full (usage at or above "
+               "analysis.kv_saturated.ratio) and requests running -- a wedge found live with the cache full, or "
+               "the last closed window's KV-saturated span with (almost) no tokens generated -- else 0."),
     # ---- run progress
     MetricSpec("soakd_soak_elapsed_seconds", "gauge", "Seconds since the soak started sending load.", group="run"),
     MetricSpec("soakd_soak_progress_ratio", "gauge", "Elapsed share of the configured duration, 0-1.", group="run"),
@@ -510,6 +514,7 @@ class SoakMetrics:
         self.in_flight = Gauge(S["soakd_requests_in_flight"])
         self.target_up = Gauge(S["soakd_target_up"])
         self.engine_wedged = Gauge(S["soakd_engine_wedged"])
+        self.kv_cache_saturated = Gauge(S["soakd_kv_cache_saturated"])
         self.elapsed = Gauge(S["soakd_soak_elapsed_seconds"])
         self.progress = Gauge(S["soakd_soak_progress_ratio"])
         self.warmup_active = Gauge(S["soakd_warmup_active"])
@@ -538,7 +543,7 @@ class SoakMetrics:
             yield counter.family()
         for hist in (self.e2e, self.ttft, self.itl):
             yield hist.family()
-        for gauge in (self.in_flight, self.target_up, self.engine_wedged):
+        for gauge in (self.in_flight, self.target_up, self.engine_wedged, self.kv_cache_saturated):
             fam = gauge.family()
             if fam is not None:
                 yield fam

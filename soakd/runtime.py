@@ -301,8 +301,11 @@ class Runtime:
         cfg, clock = self.config, self.clock
         timeline = Timeline(clock.monotonic(), cfg.run.warmup, cfg.run.window, duration,
                             first_index=self.session.first_window)
-        windows = WindowSet(timeline, confidence=cfg.analysis.drift.confidence,
-                            patience=self.policies.close_patience, clock=clock, client=cfg.analysis.client)
+        def window_set() -> WindowSet:  # one per target, on the one timeline
+            return WindowSet(timeline, confidence=cfg.analysis.drift.confidence, patience=self.policies.close_patience,
+                             clock=clock, client=cfg.analysis.client, kv_saturated_ratio=cfg.analysis.kv_saturated.ratio)
+
+        windows = window_set()
         # soakd's own health into its windows (every target's): every heartbeat of the loop
         all_windows = [windows]
 
@@ -323,18 +326,14 @@ class Runtime:
         driver = LoadDriver(cfg.load, self.client, workload, recorder, timeline, max_requests=cfg.run.max_requests,
                             seed=cfg.run.seed, clock=clock)
         self.load = self.status.load = Load(timeline, windows, recorder, driver)
-        server = next((r for r in self.runners if r.name == "server"), None)
         self.wedge = WedgeWatch(recorder, self.probe_client.list_models, self.analyzer, self.metrics.engine_wedged,
-                                window_at=lambda ago: timeline.window_at(clock.monotonic() - ago),
-                                scrape_interval=server.interval if server is not None else 5.0,
-                                tokens_per_step=lambda: bool(getattr(getattr(server.sampler, "table", None),
-                                                                     "tokens_per_step", False)))
-        if server is not None:  # the server's own token counter, each scrape (soakd.soak.wedge)
-            server.listeners.append(self.wedge.on_server_sample)
+                                kv_gauge=self.metrics.kv_cache_saturated,
+                                window_at=lambda ago: timeline.window_at(clock.monotonic() - ago))
+        for server in (r for r in self.runners if r.name == "server"):  # the server's own token counter, each scrape
+            self.wedge.follow(server)
         for p in self.peers:  # the same timeline and seed: the same traffic at the same moments
             assert p.model is not None
-            pw = WindowSet(timeline, confidence=cfg.analysis.drift.confidence, patience=self.policies.close_patience,
-                           clock=clock, client=cfg.analysis.client)
+            pw = window_set()
             pw.segment = self.session.segment
             all_windows.append(pw)
             prec = Recorder(p.metrics, pw, clock, slos=self.slos)

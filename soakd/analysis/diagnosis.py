@@ -22,6 +22,8 @@ long context slower than chat     ``bandwidth or cache           see below
                                   pressure``
 growing idle KV residue,          ``KV cache not released``      ``kv_residue`` or ``kv_cache`` suspected
 growing KV usage at same load
+KV pinned full, no tokens         ``KV cache saturated``         ``soakd.analysis.kvsat`` (window close and
+                                                                 the live wedge watch)
 growing device / process memory   ``memory leak``                ``device_memory``, ``target_gpu_memory`` or
                                                                  ``target_rss`` suspected
 memory in steps, KV flat          ``memory steps``               a byte source's pattern is ``staircase`` (two
@@ -102,6 +104,13 @@ TROUBLESHOOTING: dict[str, tuple[str, str]] = {
         "requests) while the server still answers /health and /v1/models",
         "the engine's logs and stack (py-spy dump of the engine core), a scheduler or collective deadlock, "
         "GPU hangs (Xid); restart the server and note the uptime it wedged at",
+    ),
+    "KV cache saturated": (
+        "KV-cache usage pinned near 100% while the server runs requests and generates (almost) no tokens: out of "
+        "KV blocks, not deadlocked (soakd.analysis.kvsat)",
+        "preemptions (vllm:num_preemptions_total), leaked blocks (idle usage after a quiesce), admission and "
+        "max_num_seqs / max_num_batched_tokens against gpu_memory_utilization, prompt + output lengths vs the "
+        "cache; restart the server to free it",
     ),
     "server froze": (
         "requests in flight and not a byte from any of them for seconds, while soakd's own loop was punctual",

@@ -4,6 +4,10 @@ the results become findings, events and the run's verdict.
 Pure bookkeeping (no I/O, no metrics): the window pipeline feeds it window summaries, quiesce
 probes and canary results and persists what it emits (``on_event``); ``soakd.soak.exporter``
 reads its state for /metrics. It holds the run's one in-memory window history.
+
+Longer than 500 lines: the one place where a closed window meets every detector (drift and its
+run-level family, throttle, leaks, freeze and wedge, KV saturation, GPU errors, restarts, canary,
+A/B), and their order and bookkeeping are the verdict's; each rule itself lives in its own module.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from soakd.analysis import throttle as throttle_mod
 from soakd.analysis.diagnosis import Finding, diagnose
 from soakd.analysis.freeze import freeze_finding, freeze_threshold, wedge_finding
 from soakd.analysis.gpu_errors import GpuErrors
+from soakd.analysis.kvsat import kv_saturated_finding
 from soakd.analysis.periodic import PeriodicDrops, periodic_drops
 from soakd.analysis.restarts import ServerRestarts
 from soakd.config.analysis import AnalysisConfig
@@ -164,6 +169,10 @@ class Analyzer:
         self.gpu_errors = GpuErrors()
         self.restarts = ServerRestarts()  # recognised in the server's metrics
         self.wedged_windows: set[int] = set()  # windows a live 'engine wedged' finding was made in
+        # live wedge episodes (start unix, end unix or None while it lasts): a window they overlap is not judged
+        # KV-saturated again (soakd.analysis.kvsat: one fault, one finding)
+        self.live_episodes: deque[list[float | None]] = deque(maxlen=100)
+        self.kv_saturated_window = False  # the last full window closed with a KV-saturated finding
 
     @property
     def last_window(self) -> Window | None:
@@ -326,6 +335,10 @@ class Analyzer:
         freeze = self._freeze(w)
         if freeze is not None:
             findings.append(freeze)
+        kv = self._kv_saturated(w)
+        self.kv_saturated_window = kv is not None
+        if kv is not None:
+            findings.append(kv)
         if restarts:
             self.restarts.report(w, restarts, findings)
         if w.client is not None and w.client.impaired:
@@ -350,6 +363,19 @@ class Analyzer:
         window already reported the silence."""
         return None if w.window in self.wedged_windows else freeze_finding(w, self.freeze_threshold(w))
 
+    def _kv_saturated(self, w: Window) -> Finding | None:
+        """The window's KV-saturated-and-stuck span (``soakd.analysis.kvsat``), unless a live wedge episode
+        overlapped the window (that fault has its finding)."""
+        if w.server.kv_saturated is None:
+            return None
+        start = w.start_unix
+        end = None if start is None else start + (w.wall_duration_seconds or w.duration_seconds)
+        for s, e in self.live_episodes:
+            if start is None or s is None or ((e is None or e >= start) and end is not None and s <= end):
+                return None
+        ref = self.baseline if self.baseline is not None and self.baseline.window != w.window else None
+        return kv_saturated_finding(w, ref, self.cfg.kv_saturated)
+
     def freeze_threshold(self, w: Window | None = None) -> float:
         return freeze_threshold(self.cfg, self.baseline if self.baseline is not None else (
             w if w is not None else self.history.last))
@@ -358,9 +384,13 @@ class Analyzer:
         """A live wedge (``soakd.soak.wedge``): requests in flight, no byte, the server answering."""
         if ep.get("window") is not None:
             self.wedged_windows.add(ep["window"])
+        self.live_episodes.append([ep.get("start_unix"), None])
         self._finding(wedge_finding(ep))
 
     def wedge_ended(self, ep: dict[str, Any], seconds: float) -> None:
+        for span in self.live_episodes:
+            if span[0] == ep.get("start_unix") and span[1] is None and span[0] is not None:
+                span[1] = span[0] + seconds
         self._event("freeze", "info", f"engine recovered: generating again after {seconds:.1f} s wedged "
                     f"(seen by {', '.join(ep.get('sources_seen') or ep.get('sources') or ['streams'])})",
                     {"wedged_seconds": seconds, **ep}, ep.get("window"))

@@ -53,7 +53,14 @@ def wedge_finding(ep: dict[str, Any]) -> Finding:
                     "running")
     elif ep.get("server_tokens_flat_seconds") is not None:
         seen.append(f"its token counter flat for {ep['server_tokens_flat_seconds']:.1f} s so far")
-    return Finding(kind="freeze", diagnosis="engine wedged", severity="critical",
+    diagnosis = ep.get("diagnosis") or "engine wedged"
+    tail = "its engine generates nothing"
+    if diagnosis == "KV cache saturated":  # soakd.analysis.kvsat: out of KV blocks, not deadlocked
+        waiting = ep.get("server_requests_waiting")
+        tail = (f"its KV cache is full ({ep['server_kv_cache_usage_ratio']:.1%} used, "
+                f"{ep.get('server_requests_running') or 0:.0f} running"
+                + (f", {waiting:.0f} waiting" if waiting is not None else "") + "): the engine is out of KV blocks")
+    return Finding(kind="freeze", diagnosis=diagnosis, severity="critical",
                    message="; ".join(seen) + f" (threshold {ep['threshold_seconds']:.1f} s) while the server still "
-                           "answers GET /v1/models: its engine generates nothing",
+                           f"answers GET /v1/models: {tail}",
                    evidence=dict(ep), window=ep.get("window"))

@@ -5,6 +5,12 @@ snapshot is reduced first (memory, power and energy summed — the node's totals
 their maximum — the hottest device limits; SM clock by the mean; a clocks-event reason counts as
 active when any GPU reports it), then aggregated over the window with O(1) state per quantity:
 count, sum, sum of squares, min, max, first, last and the sums of a least-squares slope.
+
+Server scrapes are also taken in pairs (consecutive scrapes of the window, at most ``MAX_SCRAPE_GAP``
+apart, the token counter not gone down — a restart): the server's generated-token counter's increase
+over them gives the window's ``generation_tokens_per_second``, and the pairs whose both scrapes show the
+KV cache pinned full (at or above ``kv_saturated_ratio``) with requests running add up to the window's
+``kv_saturated`` spans (``soakd.analysis.kvsat``).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from soakd.core.summary import (
     DeviceSummary,
     HostMemoryStat,
     HostSummary,
+    KvSaturation,
     MeanMax,
     MemoryStat,
     PowerStat,
@@ -109,6 +116,7 @@ _REDUCE = {
     "soakd_server_kv_cache_usage_ratio": ("kv_cache_usage_ratio", "mean"),
     "soakd_server_requests_waiting": ("requests_waiting", "sum"),
     "soakd_server_requests_running": ("requests_running", "sum"),
+    "soakd_server_generation_tokens_total": ("server_generation_tokens", "sum"),
     "soakd_server_ttft_seconds_total": ("server_ttft_seconds", "sum"),
     "soakd_server_ttft_requests_total": ("server_ttft_count", "sum"),
     "soakd_server_itl_seconds_total": ("server_itl_seconds", "sum"),
@@ -158,10 +166,91 @@ def reduce_snapshot(series: Iterable[Series]) -> tuple[dict[str, float], dict[st
     return values, reasons
 
 
+MAX_SCRAPE_GAP = 60.0  # two server scrapes further apart: scrapes failed in between, the pair is not judged
+
+
+class _Saturation:
+    """The server's scrapes in pairs: its token rate, and the spans pinned full with requests running."""
+
+    __slots__ = ("ratio", "prev", "tok_sum", "tok_seconds", "seconds", "tokens", "run_start", "run_seconds",
+                 "run_tokens", "longest", "kv_min", "running_max", "waiting_max")
+
+    def __init__(self, ratio: float) -> None:
+        self.ratio = ratio
+        self.prev: tuple[float, bool, float | None] | None = None  # (t, pinned with requests running, tokens)
+        self.tok_sum = self.tok_seconds = 0.0
+        self.seconds = 0.0
+        self.tokens: float | None = None
+        self.run_start: float | None = None
+        self.run_seconds = 0.0
+        self.run_tokens: float | None = None
+        self.longest: tuple[float, float | None, float] | None = None  # (seconds, tokens, start)
+        self.kv_min: float | None = None
+        self.running_max: float | None = None
+        self.waiting_max: float | None = None
+
+    def _close_run(self) -> None:
+        if self.run_start is not None and (self.longest is None or self.run_seconds > self.longest[0]):
+            self.longest = (self.run_seconds, self.run_tokens, self.run_start)
+        self.run_start, self.run_seconds, self.run_tokens = None, 0.0, None
+
+    def add(self, values: dict[str, float], t: float) -> None:
+        kv, running = values.get("kv_cache_usage_ratio"), values.get("requests_running")
+        if kv is None and running is None and "server_generation_tokens" not in values:
+            return  # not a server scrape
+        tokens = values.get("server_generation_tokens")
+        pinned = kv is not None and running is not None and kv >= self.ratio and running > 0
+        prev, self.prev = self.prev, (t, pinned, tokens)
+        if prev is None:
+            return
+        dt = t - prev[0]
+        delta = tokens - prev[2] if tokens is not None and prev[2] is not None else None
+        if not 0 < dt <= MAX_SCRAPE_GAP or (delta is not None and delta < 0):
+            self._close_run()  # scrapes failed in between, or the server restarted
+            return
+        if delta is not None:
+            self.tok_sum += delta
+            self.tok_seconds += dt
+        if not (pinned and prev[1]):
+            self._close_run()
+            return
+        self.seconds += dt
+        if self.run_start is None:
+            self.run_start = prev[0]
+            self.run_tokens = 0.0 if delta is not None else None
+        self.run_seconds += dt
+        if delta is not None:
+            self.tokens = (self.tokens or 0.0) + delta
+            if self.run_tokens is not None:
+                self.run_tokens += delta
+        assert kv is not None and running is not None
+        self.kv_min = kv if self.kv_min is None else min(self.kv_min, kv)
+        self.running_max = running if self.running_max is None else max(self.running_max, running)
+        waiting = values.get("requests_waiting")
+        if waiting is not None:
+            self.waiting_max = waiting if self.waiting_max is None else max(self.waiting_max, waiting)
+
+    def rate(self) -> float | None:
+        return self.tok_sum / self.tok_seconds if self.tok_seconds > 0 else None
+
+    def summary(self, start: float | None) -> KvSaturation | None:
+        longest = self.longest  # the run in progress counts as it is (a summary changes nothing)
+        if self.run_start is not None and (longest is None or self.run_seconds > longest[0]):
+            longest = (self.run_seconds, self.run_tokens, self.run_start)
+        if longest is None:
+            return None
+        seconds, tokens, at = longest
+        return KvSaturation(seconds=self.seconds, tokens=self.tokens, longest_seconds=seconds, longest_tokens=tokens,
+                            longest_start_offset_seconds=at - start if start is not None else None,
+                            kv_cache_usage_min=self.kv_min, requests_running_max=self.running_max,
+                            requests_waiting_max=self.waiting_max)
+
+
 class TelemetryStats:
     """The telemetry of one window. Bounded: a fixed set of aggregates, whatever the length."""
 
-    def __init__(self) -> None:
+    def __init__(self, kv_saturated_ratio: float = 0.98) -> None:
+        self.saturation = _Saturation(kv_saturated_ratio)
         self.aggs: dict[str, Agg] = {}
         self.reason_samples: dict[str, int] = {}  # gpu -> samples that reported reasons
         self.reason_active: dict[str, dict[str, int]] = {}  # gpu -> reason -> samples it was active in
@@ -189,6 +278,7 @@ class TelemetryStats:
         series = list(series)
         self._add_gpu_errors(series)
         values, reasons = reduce_snapshot(series)
+        self.saturation.add(values, t)
         for key, v in values.items():
             agg = self.aggs.get(key)
             if agg is None:
@@ -248,14 +338,17 @@ class TelemetryStats:
         ds, dc = s.last - s.first, c.last - c.first
         return ds / dc if dc > 0 and ds >= 0 else None
 
-    def server(self) -> ServerSummary:
+    def server(self, start: float | None = None) -> ServerSummary:
+        """``start``: the window's start (monotonic), where the offset of its longest KV-saturated span counts from."""
         return ServerSummary(kv_cache_usage_ratio=self._stat(RangeStat, "kv_cache_usage_ratio"),
                              requests_waiting=self._stat(MeanMax, "requests_waiting"),
                              requests_running=self._stat(MeanMax, "requests_running"),
                              ttft_mean_seconds=self._mean_of_counters("server_ttft_seconds", "server_ttft_count"),
                              itl_mean_seconds=self._mean_of_counters("server_itl_seconds", "server_itl_count"),
                              restarts_total=self.aggs["server_restarts_total"].last
-                             if "server_restarts_total" in self.aggs else None)
+                             if "server_restarts_total" in self.aggs else None,
+                             generation_tokens_per_second=self.saturation.rate(),
+                             kv_saturated=self.saturation.summary(start))
 
     def host(self) -> HostSummary:
         """The target's memory from /proc when its processes are visible (a shared PID namespace), else

@@ -238,11 +238,12 @@ class OpenWindow:
 
     __slots__ = ("index", "start", "end", "wall_start", "scenarios", "telemetry", "quiesce", "in_flight",
                  "late_records", "closed", "paused_seconds", "target_down_seconds", "sub_seconds", "sub",
-                 "closed_as", "revision", "client")
+                 "closed_as", "revision", "client", "kv_saturated_ratio")
 
     def __init__(self, index: int, start: float, end: float, wall_start: float,
-                 sub_length: float | None = None) -> None:
+                 sub_length: float | None = None, kv_saturated_ratio: float = 0.98) -> None:
         self.index = index
+        self.kv_saturated_ratio = kv_saturated_ratio
         self.start = start
         self.end = end
         self.wall_start = wall_start
@@ -307,12 +308,12 @@ class OpenWindow:
 
     def add_samples(self, series: list[Series], t: float) -> None:
         if self.telemetry is None:
-            self.telemetry = TelemetryStats()
+            self.telemetry = TelemetryStats(self.kv_saturated_ratio)
         self.telemetry.add(series, t)
 
     def add_energy(self, joules: float, seconds: float) -> None:
         if self.telemetry is None:
-            self.telemetry = TelemetryStats()
+            self.telemetry = TelemetryStats(self.kv_saturated_ratio)
         self.telemetry.add_energy(joules, seconds)
 
     # ---- the summary
@@ -382,7 +383,7 @@ class OpenWindow:
             scenarios=per,
             goodput=Goodput(requests=slo_n, met=slo_met) if slo_n else None,
             quiesce=self.quiesce,
-            **({"device": tel.device(ctoks, dur), "server": tel.server(), "host": tel.host()}
+            **({"device": tel.device(ctoks, dur), "server": tel.server(self.start), "host": tel.host()}
                if tel is not None else {}),
         )
 

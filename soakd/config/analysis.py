@@ -20,6 +20,7 @@ __all__ = [
     "ClientConfig",
     "DiagnosisConfig",
     "DriftConfig",
+    "KvSaturationConfig",
     "LeakConfig",
     "QuiesceConfig",
     "ThrottleConfig",
@@ -249,6 +250,35 @@ class DiagnosisConfig(_Model):
     )
 
 
+class KvSaturationConfig(_Model):
+    """KV cache saturated and stuck (``analysis.kv_saturated``; ``soakd.analysis.kvsat``): the server's KV-cache
+    usage pinned near full while it runs requests and generates (almost) nothing."""
+
+    ratio: float = Field(
+        0.98,
+        gt=0,
+        le=1,
+        description="KV-cache usage at or above this (0.98 = 98% of the blocks) counts as pinned full. A busy "
+        "healthy server reaches it too: it is stuck only when the token rate collapses as well (max_rate_ratio).",
+    )
+    max_rate_ratio: float = Field(
+        0.05,
+        ge=0,
+        lt=1,
+        description="Stuck: the server's generated tokens per second while pinned (its own counter) at most this "
+        "share of the baseline window's (0.05 = 5%); before there is a baseline, not a single token. Servers "
+        "without a token counter (TGI): soakd's own output tokens per second of the window against the "
+        "baseline's, with the window pinned for at least half its time.",
+    )
+    min_seconds: Duration = Field(
+        60.0,
+        gt=0,
+        description="The pinned span (consecutive server scrapes, all pinned with requests running) must last "
+        "this long, and at least 3x the baseline's e2e p99 (a counter that moves only when a request ends must "
+        "have had the time to move).",
+    )
+
+
 class CanaryConfig(_Model):
     enabled: bool = Field(True, description="Send the canary and compare its output across the run.")
     interval: Duration = Field(
@@ -339,6 +369,7 @@ class AnalysisConfig(_Model):
     quiesce: QuiesceConfig = Field(default_factory=QuiesceConfig)
     canary: CanaryConfig = Field(default_factory=CanaryConfig)
     client: ClientConfig = Field(default_factory=ClientConfig)
+    kv_saturated: KvSaturationConfig = Field(default_factory=KvSaturationConfig)
     verdict: VerdictConfig = Field(default_factory=VerdictConfig)
     ab: AbConfig = Field(default_factory=AbConfig)
     baseline: Path | None = Field(

@@ -113,6 +113,17 @@ class SimFaults(BaseModel):
         "with vllm:num_requests_running > 0, while /health and /v1/models still answer (a wedged engine).",
     )
     freeze_duration: Duration = Field(10.0, gt=0, description="How long each engine freeze lasts.")
+    kv_saturate_at: Duration | None = Field(
+        None,
+        gt=0,
+        description="From this server uptime on, for kv_saturate_duration, the KV cache is full and stuck (once): "
+        "/metrics' vllm:kv_cache_usage_perc reads 1, the requests running stay running (vllm:num_requests_running "
+        "> 0) and get no token, streamed or not (vllm:generation_tokens_total stands still), new ones wait "
+        "(vllm:num_requests_waiting), while /health and /v1/models answer: an engine out of KV blocks. Unset = never.",
+    )
+    kv_saturate_duration: Duration = Field(
+        10.0, gt=0, description="How long the KV cache stays saturated and stuck (kv_saturate_at)."
+    )
     truncate_rate: float = Field(
         0.0,
         description=(

@@ -27,6 +27,7 @@ __all__ = [
     "Goodput",
     "HostMemoryStat",
     "HostSummary",
+    "KvSaturation",
     "MeanMax",
     "MemoryStat",
     "PowerStat",
@@ -121,6 +122,24 @@ class DeviceSummary(_Sparse):
     gpu_errors: dict[str, dict[str, float]] | None = None
 
 
+class KvSaturation(_Sparse):
+    """The window's server scrapes with the KV cache pinned full (usage at or above
+    ``analysis.kv_saturated.ratio``) and requests running: the intervals between two consecutive such
+    scrapes (``seconds``) and the server's generated-token counter's increase over them (``tokens``;
+    None without a counter), in all and for the longest unbroken run of them (``longest_*``; its start
+    ``longest_start_offset_seconds`` into the window), with the KV usage, running and waiting requests
+    seen in them (``soakd.analysis.kvsat`` judges them)."""
+
+    seconds: float = 0.0
+    tokens: float | None = None
+    longest_seconds: float = 0.0
+    longest_tokens: float | None = None
+    longest_start_offset_seconds: float | None = None
+    kv_cache_usage_min: float | None = None
+    requests_running_max: float | None = None
+    requests_waiting_max: float | None = None
+
+
 class ServerSummary(_Sparse):
     kv_cache_usage_ratio: RangeStat | None = None
     requests_waiting: MeanMax | None = None
@@ -128,6 +147,9 @@ class ServerSummary(_Sparse):
     ttft_mean_seconds: float | None = None  # the server's own, from its histogram's sum and count in the window
     itl_mean_seconds: float | None = None
     restarts_total: float | None = None  # server restarts soakd recognised since it started (last in the window)
+    # the server's own generated tokens per second (its counter's increase over consecutive scrapes in the window)
+    generation_tokens_per_second: float | None = None
+    kv_saturated: KvSaturation | None = None  # spans pinned full with requests running (None: none)
 
 
 class HostSummary(_Sparse):

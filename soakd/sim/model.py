@@ -15,6 +15,9 @@ Engine model
   ``vllm:num_preemptions_total`` (the simulator does not actually re-schedule it);
   ``vllm:kv_cache_usage_perc`` is clamped to 1.
 * Leaked blocks (fault ``kv_leak_*``) stay held until the state is replaced (restart).
+* While the KV cache is saturated and stuck (fault ``kv_saturate_*``) ``vllm:kv_cache_usage_perc`` reads
+  1, no request is admitted and none gets a token (:meth:`SimModel.frozen_until`); the running ones
+  keep their slots. When it ends, tokens flow again and finishing requests admit the waiting ones.
 * The running batch is integrated over time (:meth:`SimModel.load_integrals`: request-seconds
   and busy seconds), so the simulated GPU (:mod:`soakd.sim.device`) can average the load
   between two readings exactly; when a device is attached (``model.device``) its slowdown
@@ -165,14 +168,26 @@ class SimModel:
         """``t`` (a time on the caller's clock, whose present is ``now``), moved to the end of the
         engine freeze it falls in (fault ``freeze_every``/``freeze_duration``, server uptime)."""
         f = self.config.faults
-        if not f.freeze_every:
+        if not f.freeze_every and f.kv_saturate_at is None:
             return t
         offset = (self.clock() - self.started) - now  # uptime = t + offset
         u = t + offset
+        if f.kv_saturate_at is not None and f.kv_saturate_at <= u < f.kv_saturate_at + f.kv_saturate_duration:
+            return f.kv_saturate_at + f.kv_saturate_duration - offset  # the cache is full: no request gets a token
+        if not f.freeze_every:
+            return t
         k = math.floor(u / f.freeze_every)
         if k >= 1 and u - k * f.freeze_every < f.freeze_duration:
             return k * f.freeze_every + f.freeze_duration - offset
         return t
+
+    def kv_saturated(self) -> bool:
+        """Whether the KV cache is saturated and stuck now (fault ``kv_saturate_at``/``kv_saturate_duration``)."""
+        f = self.config.faults
+        if f.kv_saturate_at is None:
+            return False
+        u = self.clock() - self.started
+        return f.kv_saturate_at <= u < f.kv_saturate_at + f.kv_saturate_duration
 
     def output_changed(self) -> bool:
         """Whether deterministic outputs are answered from their changed offset now
@@ -267,7 +282,9 @@ class SimModel:
 
     @property
     def kv_usage(self) -> float:
-        """Fraction of KV blocks in use, 0..1."""
+        """Fraction of KV blocks in use, 0..1 (1 while the cache is saturated and stuck)."""
+        if self.kv_saturated():
+            return 1.0
         return min(1.0, self.kv_held / self.config.kv_blocks_total)
 
     def grow(self, req: SimRequest, generated: int) -> None:
@@ -296,7 +313,9 @@ class SimModel:
         if self.running >= self.config.max_batch:
             return False
         if self.running == 0:
-            return True
+            return True  # (while saturated too: the freeze holds it, and nothing would wake a queue later)
+        if self.kv_saturated():
+            return False  # no free block: admission stuck
         return self.kv_held + self.blocks_for(req.prompt_tokens) <= self.config.kv_blocks_total
 
     def _start(self, req: SimRequest) -> None:

@@ -26,6 +26,12 @@ must also pass 3x the baseline's e2e p99. The same GET /models probe decides; th
 the sources that saw it (``streams``, ``server_tokens``). Not a wedge: an idle server (nothing
 running), a flat counter that is not fresh (scrapes failing: the server is gone), a counter that went
 down or a new process start time (a restart: counted from there).
+
+A wedge whose latest fresh scrape shows the KV cache pinned full (``soakd_server_kv_cache_usage_ratio``
+at or above ``analysis.kv_saturated.ratio``) with requests running is the engine out of KV blocks, not a
+deadlock: the finding is named ``KV cache saturated`` (``soakd.analysis.kvsat``) with the usage and the
+running and waiting requests as evidence, and ``soakd_kv_cache_saturated`` is 1 during it (and while the
+last closed window holds a KV-saturated finding), so its alert pages instead of SoakdEngineWedged's.
 """
 
 from __future__ import annotations
@@ -37,6 +43,9 @@ from typing import Any
 
 import structlog
 
+from soakd.analysis.kvsat import wedge_diagnosis
+from soakd.config.analysis import KvSaturationConfig
+
 log = structlog.get_logger("soakd")
 
 __all__ = ["WedgeWatch"]
@@ -46,8 +55,9 @@ class WedgeWatch:
     def __init__(self, recorder: Any, probe: Callable[[], Any], analyzer: Any, gauge: Any,
                  now_ns: Callable[[], int] = time.perf_counter_ns, wall: Callable[[], float] = time.time,
                  window_at: Callable[[float], int | None] = lambda ago: None, scrape_interval: float = 5.0,
-                 tokens_per_step: Callable[[], bool] = lambda: True) -> None:
+                 tokens_per_step: Callable[[], bool] = lambda: True, kv_gauge: Any = None) -> None:
         self.recorder = recorder
+        self.kv_gauge = kv_gauge  # soakd_kv_cache_saturated (None: not exported)
         self.probe = probe  # async: GET /models (raises when the server does not answer)
         self.analyzer = analyzer
         self.gauge = gauge
@@ -65,7 +75,15 @@ class WedgeWatch:
         self._start_time: float | None = None  # the server's process start time at the last scrape
         self._flat_since_ns: int | None = None  # the first scrape that showed the counter's value, running
         self._last_scrape_ns: int | None = None
+
+    def follow(self, server: Any) -> None:
+        """Read the server sampler's scrapes (its runner: ``interval``, ``sampler.table``, ``listeners``)."""
+        self.scrape_interval = server.interval
+        self.tokens_per_step = lambda: bool(getattr(getattr(server.sampler, "table", None), "tokens_per_step", False))
+        server.listeners.append(self.on_server_sample)
         self._running: float | None = None
+        self._kv: float | None = None  # the KV-cache usage and waiting requests at the last scrape
+        self._waiting: float | None = None
 
     def on_server_sample(self, _sampler: str, snap: Any) -> None:
         """A scrape of the server sampler (a ``SamplerRunner`` listener): its token counter and running count."""
@@ -73,6 +91,8 @@ class WedgeWatch:
         tokens = values.get("soakd_server_generation_tokens_total")
         running = values.get("soakd_server_requests_running")
         start = values.get("soakd_server_process_start_time_seconds")
+        self._kv = values.get("soakd_server_kv_cache_usage_ratio")
+        self._waiting = values.get("soakd_server_requests_waiting")
         now = self.now_ns()
         restarted = start is not None and self._start_time is not None and start != self._start_time
         if tokens is None or running is None or running <= 0:
@@ -82,12 +102,16 @@ class WedgeWatch:
         self._tokens, self._running, self._start_time = tokens, running, start
         self._last_scrape_ns = now
 
+    def _fresh(self, now_ns: int) -> bool:
+        return (self._last_scrape_ns is not None
+                and (now_ns - self._last_scrape_ns) / 1e9 <= 2.5 * self.scrape_interval + 1.0)
+
     def counter_flat(self, now_ns: int) -> float | None:
         """Seconds the server's token counter has stood still with requests running, between the first and
         the latest scrape that showed it (None: nothing running, no counter, or no fresh scrape)."""
         if self._flat_since_ns is None or self._last_scrape_ns is None:
             return None
-        if (now_ns - self._last_scrape_ns) / 1e9 > 2.5 * self.scrape_interval + 1.0:
+        if not self._fresh(now_ns):
             return None  # scrapes failing: the server is gone or its metrics are, not a wedge
         return (self._last_scrape_ns - self._flat_since_ns) / 1e9
 
@@ -120,7 +144,23 @@ class WedgeWatch:
             newest = t if newest is None or t > newest else newest
         return None if newest is None else (now_ns - newest) / 1e9
 
+    def _kv_cfg(self) -> KvSaturationConfig:
+        cfg = getattr(self.analyzer, "cfg", None)
+        return getattr(cfg, "kv_saturated", None) or KvSaturationConfig()
+
+    def _refresh_kv_gauge(self) -> None:
+        """1 during a KV-saturated episode, or while the last closed window holds a KV-saturated finding."""
+        if self.kv_gauge is not None:
+            live = self.episode is not None and self.episode.get("diagnosis") == "KV cache saturated"
+            self.kv_gauge.value = 1.0 if live or getattr(self.analyzer, "kv_saturated_window", False) else 0.0
+
     async def check(self) -> None:
+        try:
+            await self._check()
+        finally:
+            self._refresh_kv_gauge()
+
+    async def _check(self) -> None:
         now = self.now_ns()
         punctual = self._last_check_ns is None or (now - self._last_check_ns) / 1e9 < 2.5
         self._last_check_ns = now
@@ -155,6 +195,14 @@ class WedgeWatch:
             self.episode.update(server_tokens_flat_seconds=flat, server_requests_running=self._running,
                                 server_generation_tokens_total=self._tokens,
                                 server_tokens_threshold_seconds=self.counter_threshold(need))
+        fresh = self._fresh(self.now_ns())
+        if fresh and self._kv is not None:  # the cache as the server last reported it: full, it is out of blocks
+            kv_cfg = self._kv_cfg()
+            self.episode.update(server_kv_cache_usage_ratio=self._kv, server_requests_running=self._running,
+                                server_requests_waiting=self._waiting, kv_saturated_ratio=kv_cfg.ratio)
+            diagnosis = wedge_diagnosis(self._kv, self._running, kv_cfg)
+            if diagnosis is not None:
+                self.episode["diagnosis"] = diagnosis
         self.gauge.value = 1.0
         self.analyzer.add_wedge(self.episode)
         self.episode = {**self.episode, "sources_seen": list(sources)}

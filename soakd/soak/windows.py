@@ -24,8 +24,9 @@ from soakd.core.timeline import SYSTEM_CLOCK, Clock, Timeline
 class WindowSet:
     def __init__(self, timeline: Timeline, *, confidence: float = 0.95, patience: float = 120.0,
                  clock: Clock = SYSTEM_CLOCK, client: ClientConfig | None = None,
-                 sub_length: float | None = None) -> None:
+                 sub_length: float | None = None, kv_saturated_ratio: float = 0.98) -> None:
         self.timeline = timeline
+        self.kv_saturated_ratio = kv_saturated_ratio  # KV usage that counts as pinned full (analysis.kv_saturated)
         self.sub_length = sub_length  # the sub-windows' length (default: a minute, or a tenth of a short window)
         self.client_cfg = client
         self.confidence = confidence
@@ -44,7 +45,7 @@ class WindowSet:
             tl = self.timeline
             s, e = (tl.start, tl.first_window_start) if index < 0 else tl.window_bounds(index)
             w = self.open[index] = OpenWindow(index, s, e, self.clock.wall() - (self.clock.monotonic() - s),
-                                              sub_length=self.sub_length)
+                                              sub_length=self.sub_length, kv_saturated_ratio=self.kv_saturated_ratio)
         return w
 
     def current(self, now: float) -> OpenWindow | None:

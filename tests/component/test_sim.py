@@ -765,6 +765,40 @@ async def test_an_engine_freeze_stops_every_request_and_the_token_counter_while_
         assert max(gaps) >= 0.5
 
 
+async def test_a_saturated_kv_cache_holds_every_request_and_the_counter_with_usage_at_one() -> None:
+    """kv_saturate_at 0.5 s, for 0.8 s: /metrics shows what vLLM shows out of KV blocks -- vllm:kv_cache_usage_perc
+    1, the two requests still running, a third one waiting (admission stuck), vllm:generation_tokens_total still --
+    while /v1/models and /health answer; afterwards usage falls back, every request finishes, the counter moves."""
+    faults = {"kv_saturate_at": 0.5, "kv_saturate_duration": 0.8}
+    async with running(ttft_base=0, tpot_base=0.005, tpot_per_batch=0, faults=faults) as (sim, s):
+        t0 = time.perf_counter()
+        streamed = asyncio.create_task(stream_events(
+            s, sim.base_url + "/chat/completions", {"messages": MSG, "max_tokens": 200, "stream": True}))
+        plain = asyncio.create_task(s.post(sim.base_url + "/completions", json={"prompt": "x", "max_tokens": 200}))
+        await asyncio.sleep(0.7 - (time.perf_counter() - t0))  # inside the saturation
+        late = asyncio.create_task(s.post(sim.base_url + "/completions", json={"prompt": "y", "max_tokens": 5}))
+        before = await scrape(sim, s)
+        await asyncio.sleep(0.3)
+        after = await scrape(sim, s)
+        async with s.get(sim.base_url + "/models") as r:
+            assert r.status == 200
+        async with s.get(sim.url + "/health") as r:
+            assert r.status == 200
+        assert before["vllm:kv_cache_usage_perc"] == 1.0 == after["vllm:kv_cache_usage_perc"]
+        assert after["vllm:num_requests_running"] == 2 and after["vllm:num_requests_waiting"] == 1
+        assert 0 < before["vllm:generation_tokens_total"] == after["vllm:generation_tokens_total"] < 400
+        events = await streamed
+        for task, n in ((plain, 200), (late, 5)):
+            resp = await task
+            assert resp.status == 200 and (await resp.json())["usage"]["completion_tokens"] == n
+            resp.release()
+        assert time.perf_counter() - t0 >= 1.3  # held until the saturation ended
+        end = await scrape(sim, s)
+        assert end["vllm:generation_tokens_total"] == 405 and end["vllm:kv_cache_usage_perc"] < 0.1
+        gaps = [b - a for a, b in itertools.pairwise(content_times(events))]
+        assert max(gaps) >= 0.5
+
+
 async def test_garbled_and_empty_outputs() -> None:
     async with running(faults={"garbled_rate": 1.0}, **FAST) as (sim, s):
         async with s.post(

@@ -124,9 +124,14 @@ async def test_idle_servers_dead_servers_and_late_checks_are_not_wedged() -> Non
 
 
 class Snap:
-    def __init__(self, tokens: float | None, running: float, start: float = 1.7e9) -> None:
+    def __init__(self, tokens: float | None, running: float, start: float = 1.7e9, kv: float | None = None,
+                 waiting: float | None = None) -> None:
         self.series = [series("soakd_server_requests_running", running),
                        series("soakd_server_process_start_time_seconds", start)]
+        if kv is not None:
+            self.series.append(series("soakd_server_kv_cache_usage_ratio", kv))
+        if waiting is not None:
+            self.series.append(series("soakd_server_requests_waiting", waiting))
         if tokens is not None:
             self.series.append(series("soakd_server_generation_tokens_total", tokens))
 
@@ -236,3 +241,38 @@ async def test_a_counter_counted_when_requests_end_must_stay_still_longer_than_a
     await _scrape(w, clock, 40, 2)  # 6 s
     (f,) = analyzer.findings
     assert f["evidence"]["server_tokens_threshold_seconds"] == 6.0 and f["evidence"]["sources"] == ["server_tokens"]
+
+
+async def _kv_scrape(w: WedgeWatch, clock: Clock, tokens: float, running: float, kv: float) -> None:
+    clock.ns += S
+    w.on_server_sample("server", Snap(tokens, running, kv=kv, waiting=5))
+    await w.check()
+
+
+async def test_a_wedge_with_the_kv_cache_pinned_full_is_named_kv_cache_saturated_with_its_own_gauge() -> None:
+    """The same wedge (counter still, 8 running, GET /models answers), the server's last scrape at 99.5% KV usage:
+    out of KV blocks, not deadlocked. One finding, 'KV cache saturated', the usage, running and waiting requests as
+    evidence; soakd_kv_cache_saturated 1 during it (its alert pages; SoakdEngineWedged stands aside), 0 after."""
+    w, clock, rec, analyzer, gauge, probes = _counter_watch()
+    kv_gauge = w.kv_gauge = Gauge(BY_NAME["soakd_kv_cache_saturated"])
+    for _ in range(4):
+        await _kv_scrape(w, clock, 300, 8, 0.995)
+    (f,) = analyzer.findings
+    ev = f["evidence"]
+    assert f["diagnosis"] == "KV cache saturated" and f["kind"] == "freeze" and f["severity"] == "critical"
+    assert ev["server_kv_cache_usage_ratio"] == 0.995 and ev["server_requests_running"] == 8
+    assert ev["server_requests_waiting"] == 5 and "KV cache is full (99.5% used, 8 running, 5 waiting)" in f["message"]
+    assert kv_gauge.value == 1.0 and gauge.value == 1.0
+    await _kv_scrape(w, clock, 320, 8, 0.9)  # tokens again: over
+    assert kv_gauge.value == 0.0 and gauge.value == 0.0 and w.episode is None
+    assert analyzer.live_episodes and analyzer.live_episodes[-1][1] is not None
+
+
+async def test_a_wedge_with_room_in_the_kv_cache_stays_engine_wedged() -> None:
+    w, clock, rec, analyzer, gauge, probes = _counter_watch()
+    kv_gauge = w.kv_gauge = Gauge(BY_NAME["soakd_kv_cache_saturated"])
+    for _ in range(4):
+        await _kv_scrape(w, clock, 300, 8, 0.6)
+    (f,) = analyzer.findings
+    assert f["diagnosis"] == "engine wedged" and f["evidence"]["server_kv_cache_usage_ratio"] == 0.6
+    assert gauge.value == 1.0 and kv_gauge.value == 0.0
