@@ -320,7 +320,8 @@ CATALOGUE: tuple[MetricSpec, ...] = (
                "The server's own process_start_time_seconds: a new value is a restarted server.", group="server"),
     MetricSpec("soakd_server_restarts_total", "counter",
                "Server restarts soakd recognised in the server's metrics since soakd started: a new process start "
-               "time, or one of its cumulative counters lower than at the previous scrape.", group="server"),
+               "time, or one of its cumulative counters lower than at the previous scrape. Stays exported while the "
+               "server's /metrics is away (soakd's own count: it never vanishes in an outage).", group="server"),
     # ---- host
     MetricSpec("soakd_self_resident_memory_bytes", "gauge", "soakd's resident memory.", group="host"),
     MetricSpec("soakd_self_cpu_seconds_total", "counter", "soakd's CPU time (user + system).", group="host"),

@@ -5,7 +5,10 @@ A sampler returns a list of ``Series`` (a catalogue metric name, labels, a value
 ``soakd_sampler_up``/``errors_total``/``duration``/``last_success``, logs state changes once
 (up->down, down->up) rather than every failure, and never lets an exception escape. The
 ``SnapshotCollector`` exposes the latest snapshot of every sampler at scrape time: no I/O in
-``collect()``, and series older than the staleness limit drop out instead of freezing.
+``collect()``, and series older than the staleness limit drop out instead of freezing — except
+the counts soakd keeps itself (a sampler's optional ``sticky()``: the server sampler's restart
+count), which stay exported while the source is away, so that a counter never vanishes in an outage
+and comes back higher (``increase()`` would miss the restart that the outage was).
 """
 
 from __future__ import annotations
@@ -116,8 +119,11 @@ class SamplerRunner:
 
     def fresh(self, now: float, staleness: float) -> Sequence[Series]:
         snap = self.snapshot
-        if snap is None or now - snap.monotonic > staleness:
+        if snap is None:
             return ()
+        if now - snap.monotonic > staleness:
+            sticky = getattr(self.sampler, "sticky", None)
+            return tuple(sticky()) if sticky is not None else ()
         return snap.series
 
     def status(self) -> dict[str, object]:

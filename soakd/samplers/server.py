@@ -447,6 +447,10 @@ class ServerSampler:
                             "is not exported")  # fmt: skip
         return out
 
+    def sticky(self) -> list[Series]:
+        """What stays exported while scrapes fail (``soakd.samplers.base``): soakd's own restart count."""
+        return [series("soakd_server_restarts_total", self.restarts.restarts)]
+
     async def _scrape(self) -> tuple[Exposition, str]:
         order = list(self.urls)
         if self.url in order:

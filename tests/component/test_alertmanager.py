@@ -19,7 +19,8 @@ The pods and their simulator faults (times are the simulator's uptime):
 pod             fault                                         must reach the receiver
 ==============  ============================================  =====================================
 soakd-throttle  thermal throttling 40-65 s, SM clock at 50%   SoakdGPUThrottling, then resolved
-soakd-down      the server goes away at 45 s for 20 s         SoakdTargetDown, then resolved
+soakd-down      the server goes away at 45 s for 20 s and     SoakdTargetDown and
+                comes back as a new process                   SoakdServerRestarted, each resolved
 soakd-step      every delay +100% from 70 s to 110 s          a drift alert (kind drift), resolved
 soakd-leak      KV blocks leaked (8 every 20 requests) and    SoakdKVCacheNotReleased and
                 device memory leaking 100 MiB/s               SoakdMemoryLeakSuspected, firing to
@@ -100,7 +101,7 @@ def pods() -> list[Pod]:
             40.0, ("SoakdGPUThrottling",), True),
         Pod("soakd-down", {"SOAKD_SIM__FAULTS__RESTART_AFTER": "45s",
                            "SOAKD_SIM__FAULTS__RESTART_DOWNTIME": "20s"},
-            45.0, ("SoakdTargetDown",), True),
+            45.0, ("SoakdTargetDown", "SoakdServerRestarted"), True),
         Pod("soakd-step", {"SOAKD_SIM__FAULTS__LATENCY_STEP_AT": "70s",
                            "SOAKD_SIM__FAULTS__LATENCY_STEP_PCT": "100",
                            "SOAKD_SIM__FAULTS__LATENCY_STEP_DURATION": "40s"},
@@ -166,6 +167,8 @@ class Received:
     status: str  # the alert's: firing | resolved
     labels: dict[str, str]
     annotations: dict[str, str]
+    starts: str = ""  # the alert's startsAt and endsAt, as Alertmanager sent them
+    ends: str = ""
 
 
 class Webhook:
@@ -186,7 +189,8 @@ class Webhook:
             return web.Response(status=400)
         for a in body.get("alerts", []):
             self.seen.append(Received(now, request.match_info["receiver"], a.get("status", ""),
-                                      a.get("labels", {}), a.get("annotations", {})))
+                                      a.get("labels", {}), a.get("annotations", {}),
+                                      a.get("startsAt", ""), a.get("endsAt", "")))
         return web.Response(text="ok")
 
     def of(self, pod: str) -> list[Received]:
@@ -368,5 +372,7 @@ async def test_faults_reach_the_receiver_and_resolve(tmp_path: Path) -> None:
                 last = [r for r in got if r.labels.get("alertname") == first.labels["alertname"]][-1]
                 assert last.status == "firing", f"{pod.name}: {first.labels['alertname']} resolved while the leak went on"
             report.append(line)
-    others = sorted({(r.labels.get("pod"), r.labels.get("alertname"), r.status) for r in hook.seen})
-    print("\n" + "\n".join(report) + f"\nall notifications (pod, alert, status): {others}")
+    t0 = min(p.started for p in all_pods)
+    timeline = "\n".join(f"  {r.at - t0:6.1f}s {r.labels.get('pod')} {r.labels.get('alertname')} {r.status} "
+                          f"(startsAt {r.starts[11:19]}, endsAt {r.ends[11:19]})" for r in hook.seen)
+    print("\n" + "\n".join(report) + f"\nevery alert of every notification:\n{timeline}")

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.registry import Collector
 from structlog.testing import capture_logs
 
-from soakd.config import HostSamplerConfig
+from soakd.config import HostSamplerConfig, ServerSamplerConfig
 from soakd.core.series import series
 from soakd.samplers.base import SamplerRunner, SamplerUnavailable, SnapshotCollector
 from soakd.samplers.host import HostSampler, read_anon_swap, read_stat
@@ -128,6 +128,34 @@ async def test_stale_series_drop_out():
     clock.t += 60  # no successful sample for 12 intervals
     assert reg.get_sample_value("soakd_gpu_power_watts", {"gpu": "0", "uuid": "GPU-a"}) is None
     assert reg.get_sample_value("soakd_sampler_up", {"sampler": "good"}) == 1.0
+
+
+async def test_counts_soakd_keeps_itself_stay_while_the_source_is_away():
+    """The server sampler's restart count is soakd's own counter: it stays on /metrics through an
+    outage longer than the staleness limit (a counter that vanished and came back higher would hide
+    the restart from increase()); the server's own series drop out."""
+    from soakd.samplers.server import ServerSampler
+
+    class Server(ServerSampler):
+        def __init__(self) -> None:
+            super().__init__(ServerSamplerConfig(), "http://127.0.0.1:9")
+
+        async def sample(self):
+            return [series("soakd_server_kv_cache_usage_ratio", 0.5),
+                    series("soakd_server_restarts_total", self.restarts.restarts)]
+
+    clock = FakeClock()
+    server = Server()
+    runner = SamplerRunner(server, 1.0, clock=clock)
+    reg = _registry(SnapshotCollector([runner], clock=clock))
+    assert reg.get_sample_value("soakd_server_restarts_total") is None  # nothing before the first scrape
+    await runner.run_once()
+    assert reg.get_sample_value("soakd_server_kv_cache_usage_ratio") == 0.5
+    clock.t += 60
+    assert reg.get_sample_value("soakd_server_kv_cache_usage_ratio") is None
+    assert reg.get_sample_value("soakd_server_restarts_total") == 0.0
+    server.restarts.restarts = 1  # as RestartDetector counts a new start time at the next scrape
+    assert reg.get_sample_value("soakd_server_restarts_total") == 1.0
 
 
 async def test_listener_errors_are_contained():
