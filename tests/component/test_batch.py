@@ -8,6 +8,7 @@ of the failure budget. The simulator echoes soakd's ``X-Request-Id``
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import sqlite3
@@ -81,6 +82,12 @@ def finished_in_store(state: Path) -> set[str]:
         conn.close()
 
 
+async def _drain(proc: SoakdProcess) -> None:
+    assert proc.proc.stdout is not None
+    while raw := await proc.proc.stdout.readline():
+        proc.lines.append(raw.decode(errors="replace"))
+
+
 def batch_args(inp: Path, url: str, state: Path, *extra: str) -> list[str]:
     return ["batch", str(inp), "--target", url, "--state-dir", str(state), "--concurrency", "8",
             "--max-tries", "12", "--log-format", "json", *extra]
@@ -91,21 +98,29 @@ async def test_batch_restarts_bad_lines_and_exactly_once(tmp_path: Path) -> None
     cids = write_input(inp)
     cfg = tmp_path / "batch.yaml"
     cfg.write_text("batch: {backoff: 0.1s}\ntarget: {timeouts: {connect: 1s, total: 10s}}\n")
-    # the simulator goes down for 0.7 s two seconds in (soakd retries through it)
-    async with sim_server(**QUICK_SIM, faults={"restart_after": 2.0, "restart_downtime": 0.7}) as sim:
+    # the simulator goes down for 0.7 s two seconds in (soakd retries through it); 50 ms to the first token, so
+    # that at most ~160 requests a second finish: the first run is killed after the outage, far from its end
+    slow = {**QUICK_SIM, "ttft_base": 0.05}
+    async with sim_server(**slow, faults={"restart_after": 2.0, "restart_downtime": 0.7}) as sim:
         first = await SoakdProcess.start(*batch_args(inp, sim.base_url, state, "-c", str(cfg)))
         try:
             started = await first.json_event("batch_started", timeout=30)
             assert started["lines"] == 1008 and started["bad_lines"] == len(BAD) and not started["resumed"]
+            # the store polled every 20 ms, not at the progress lines (seconds apart: on an idle machine the whole
+            # batch once finished between two of them); its stdout read meanwhile, so that a full pipe never blocks it
+            drain = asyncio.create_task(_drain(first))
             deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and len(finished_in_store(state)) < 400:
-                await first.wait_for_line("batch_progress", timeout=30)
+            while time.monotonic() < deadline and (len(finished_in_store(state)) < 400 or sim.restarts < 1):
+                assert first.proc.returncode is None, f"the batch ended early:\n{first.output()[-3000:]}"
+                await asyncio.sleep(0.02)
             first.signal(signal.SIGKILL)
             killed_ns = time.perf_counter_ns()
             await first.proc.wait()
+            await drain
         finally:
             await first.kill()
         before = finished_in_store(state)
+        print(f"\nthe first run was killed after {len(before)} of 1000 inputs, the simulator restarted {sim.restarts}x")
         assert 300 <= len(before) < 1000, len(before)
         assert sim.restarts == 1, "the simulator restarted in the middle of the first run"
 

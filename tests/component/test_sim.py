@@ -736,10 +736,10 @@ async def test_stall_pauses_mid_stream() -> None:
 
 
 async def test_an_engine_freeze_stops_every_request_and_the_token_counter_while_the_api_answers() -> None:
-    """freeze_every 1 s / freeze_duration 0.6 s: from 1 s of uptime no token for 0.6 s, for a streamed and a
+    """freeze_every 1 s / freeze_duration 0.8 s: from 1 s of uptime no token for 0.8 s, for a streamed and a
     non-streamed request alike; vllm:generation_tokens_total stands still with both running, /v1/models and
     /health answer; afterwards both finish and the counter moves again (what soakd's wedge watch reads)."""
-    faults = {"freeze_every": 1.0, "freeze_duration": 0.6}
+    faults = {"freeze_every": 1.0, "freeze_duration": 0.8}  # the two scrapes at 1.15 s and ~1.45 s: 0.35 s to spare
     async with running(ttft_base=0, tpot_base=0.01, tpot_per_batch=0, faults=faults) as (sim, s):
         t0 = time.perf_counter()
         streamed = asyncio.create_task(stream_events(
@@ -759,17 +759,17 @@ async def test_an_engine_freeze_stops_every_request_and_the_token_counter_while_
         resp = await plain
         assert resp.status == 200 and (await resp.json())["usage"]["completion_tokens"] == 200
         resp.release()
-        assert time.perf_counter() - t0 >= 2.6  # 2 s of tokens, held through the freezes at 1 s and 2 s
+        assert time.perf_counter() - t0 >= 2.6  # 2 s of tokens, held through the freezes from 1 s on
         assert (await scrape(sim, s))["vllm:generation_tokens_total"] == 400
         gaps = [b - a for a, b in itertools.pairwise(content_times(events))]
         assert max(gaps) >= 0.5
 
 
 async def test_a_saturated_kv_cache_holds_every_request_and_the_counter_with_usage_at_one() -> None:
-    """kv_saturate_at 0.5 s, for 0.8 s: /metrics shows what vLLM shows out of KV blocks -- vllm:kv_cache_usage_perc
+    """kv_saturate_at 0.5 s, for 1.2 s: /metrics shows what vLLM shows out of KV blocks -- vllm:kv_cache_usage_perc
     1, the two requests still running, a third one waiting (admission stuck), vllm:generation_tokens_total still --
     while /v1/models and /health answer; afterwards usage falls back, every request finishes, the counter moves."""
-    faults = {"kv_saturate_at": 0.5, "kv_saturate_duration": 0.8}
+    faults = {"kv_saturate_at": 0.5, "kv_saturate_duration": 1.2}  # the scrapes at 0.7 s and ~1.0 s: 0.7 s to spare
     async with running(ttft_base=0, tpot_base=0.005, tpot_per_batch=0, faults=faults) as (sim, s):
         t0 = time.perf_counter()
         streamed = asyncio.create_task(stream_events(
