@@ -75,15 +75,15 @@ class WedgeWatch:
         self._start_time: float | None = None  # the server's process start time at the last scrape
         self._flat_since_ns: int | None = None  # the first scrape that showed the counter's value, running
         self._last_scrape_ns: int | None = None
+        self._running: float | None = None
+        self._kv: float | None = None  # the KV-cache usage and waiting requests at the last scrape
+        self._waiting: float | None = None
 
     def follow(self, server: Any) -> None:
         """Read the server sampler's scrapes (its runner: ``interval``, ``sampler.table``, ``listeners``)."""
         self.scrape_interval = server.interval
         self.tokens_per_step = lambda: bool(getattr(getattr(server.sampler, "table", None), "tokens_per_step", False))
         server.listeners.append(self.on_server_sample)
-        self._running: float | None = None
-        self._kv: float | None = None  # the KV-cache usage and waiting requests at the last scrape
-        self._waiting: float | None = None
 
     def on_server_sample(self, _sampler: str, snap: Any) -> None:
         """A scrape of the server sampler (a ``SamplerRunner`` listener): its token counter and running count."""
