@@ -58,7 +58,17 @@ import pytest
 import yaml
 from aiohttp import web
 
-from helpers import ALERTMANAGER_HINT, PROMETHEUS_HINT, REPO, SoakdProcess, free_port, soakd_env, tool
+from helpers import (
+    ALERTMANAGER_HINT,
+    PROMETHEUS_HINT,
+    REPO,
+    SoakdProcess,
+    free_port,
+    soakd_env,
+    stop_process,
+    tool,
+    wait_ready,
+)
 from test_alert_rules import RUNBOOK_BASE, runbook_anchors
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
@@ -219,34 +229,6 @@ def missing(hook: Webhook, pod: Pod) -> list[str]:
 # ---- processes -------------------------------------------------------------------------------------
 
 
-async def _drain(proc: SoakdProcess, stream: asyncio.StreamReader | None) -> None:
-    assert stream is not None
-    while raw := await stream.readline():
-        proc.lines.append(raw.decode(errors="replace"))
-
-
-async def _wait_http(session: aiohttp.ClientSession, url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"{proc.args[0]} exited: {log.read_text()[-3000:]}"
-        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-            async with session.get(url) as resp:
-                if resp.status == 200:
-                    return
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"{url} not ready after 30s: {log.read_text()[-3000:]}")
-
-
-def _stop(proc: subprocess.Popen[bytes] | None) -> None:
-    if proc is not None and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 async def _start_pod(pod: Pod, tmp: Path) -> None:
     state = tmp / pod.name
     state.mkdir()
@@ -257,8 +239,7 @@ async def _start_pod(pod: Pod, tmp: Path) -> None:
         env=soakd_env(**COMMON_ENV, **pod.env), cwd=state)  # fmt: skip
     await pod.proc.wait_for_line("soakd demo: simulator at", timeout=60)
     pod.started = time.monotonic()
-    pod.drains = [asyncio.create_task(_drain(pod.proc, pod.proc.proc.stdout)),
-                  asyncio.create_task(_drain(pod.proc, pod.proc.proc.stderr))]
+    pod.drains = pod.proc.drain()
 
 
 async def _stop_pod(pod: Pod) -> None:
@@ -316,8 +297,8 @@ async def test_faults_reach_the_receiver_and_resolve(tmp_path: Path) -> None:
                  "--log.level=warn"],
                 stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)  # fmt: skip
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-            await _wait_http(session, f"http://127.0.0.1:{am_port}/-/ready", am, am_log)
-            await _wait_http(session, f"http://127.0.0.1:{prom_port}/-/ready", prom, prom_log)
+            await wait_ready(session, f"http://127.0.0.1:{am_port}/-/ready", am, am_log)
+            await wait_ready(session, f"http://127.0.0.1:{prom_port}/-/ready", prom, prom_log)
             await asyncio.gather(*(_start_pod(p, tmp_path) for p in all_pods))
             started = time.monotonic()
             while True:
@@ -337,8 +318,8 @@ async def test_faults_reach_the_receiver_and_resolve(tmp_path: Path) -> None:
             await asyncio.sleep(5)
     finally:
         await asyncio.gather(*(_stop_pod(p) for p in all_pods))
-        _stop(prom)
-        _stop(am)
+        stop_process(prom)
+        stop_process(am)
         await runner.cleanup()
 
     assert not hook.bad, f"undecodable notifications: {hook.bad[:3]}"

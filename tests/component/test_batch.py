@@ -82,12 +82,6 @@ def finished_in_store(state: Path) -> set[str]:
         conn.close()
 
 
-async def _drain(proc: SoakdProcess) -> None:
-    assert proc.proc.stdout is not None
-    while raw := await proc.proc.stdout.readline():
-        proc.lines.append(raw.decode(errors="replace"))
-
-
 def batch_args(inp: Path, url: str, state: Path, *extra: str) -> list[str]:
     return ["batch", str(inp), "--target", url, "--state-dir", str(state), "--concurrency", "8",
             "--max-tries", "12", "--log-format", "json", *extra]
@@ -108,7 +102,7 @@ async def test_batch_restarts_bad_lines_and_exactly_once(tmp_path: Path) -> None
             assert started["lines"] == 1008 and started["bad_lines"] == len(BAD) and not started["resumed"]
             # the store polled every 20 ms, not at the progress lines (seconds apart: on an idle machine the whole
             # batch once finished between two of them); its stdout read meanwhile, so that a full pipe never blocks it
-            drain = asyncio.create_task(_drain(first))
+            drain = first.drain()
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and (len(finished_in_store(state)) < 400 or sim.restarts < 1):
                 assert first.proc.returncode is None, f"the batch ended early:\n{first.output()[-3000:]}"
@@ -116,7 +110,7 @@ async def test_batch_restarts_bad_lines_and_exactly_once(tmp_path: Path) -> None
             first.signal(signal.SIGKILL)
             killed_ns = time.perf_counter_ns()
             await first.proc.wait()
-            await drain
+            await asyncio.gather(*drain)
         finally:
             await first.kill()
         before = finished_in_store(state)

@@ -33,7 +33,7 @@ import aiohttp
 import pytest
 import yaml
 
-from helpers import PROMETHEUS_HINT, SoakdProcess, free_port, soakd_env, tool
+from helpers import PROMETHEUS_HINT, SoakdProcess, free_port, soakd_env, stop_process, tool, wait_ready
 from test_dashboards import (
     RULE_FILES,
     dashboard_expressions,
@@ -172,8 +172,7 @@ async def test_every_dashboard_and_rule_expression_returns_data(tmp_path: Path) 
             cwd=tmp_path,
         )  # fmt: skip
         await soakd.json_event("soakd_started", timeout=30)
-        drains = [asyncio.create_task(_drain(soakd, soakd.proc.stdout)),
-                  asyncio.create_task(_drain(soakd, soakd.proc.stderr))]
+        drains = soakd.drain()
         with prom_log.open("wb") as log:
             prom = subprocess.Popen(
                 [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
@@ -183,7 +182,7 @@ async def test_every_dashboard_and_rule_expression_returns_data(tmp_path: Path) 
             )  # fmt: skip
         base = f"http://127.0.0.1:{prom_port}"
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-            await _wait_ready(session, base, prom, prom_log)
+            await wait_ready(session, f"{base}/-/ready", prom, prom_log)
             api = PromAPI(session, base)
             while True:
                 errors, empty, sent = await check_round(api, exprs, recorded, variables)
@@ -211,36 +210,7 @@ async def test_every_dashboard_and_rule_expression_returns_data(tmp_path: Path) 
         for task in drains:
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(task, 5)
-        _stop_prometheus(prom)
-
-
-def _stop_prometheus(prom: subprocess.Popen[bytes] | None) -> None:
-    if prom is not None and prom.poll() is None:
-        prom.terminate()
-        try:
-            prom.wait(20)
-        except subprocess.TimeoutExpired:
-            prom.kill()
-            prom.wait()
-
-
-async def _drain(proc: SoakdProcess, stream: asyncio.StreamReader | None) -> None:
-    """Keep reading soakd's output so a full pipe never blocks it."""
-    assert stream is not None
-    while raw := await stream.readline():
-        proc.lines.append(raw.decode(errors="replace"))
-
-
-async def _wait_ready(session: aiohttp.ClientSession, base: str, prom: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        assert prom.poll() is None, f"prometheus exited: {log.read_text()[-3000:]}"
-        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-            async with session.get(f"{base}/-/ready") as resp:
-                if resp.status == 200:
-                    return
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"prometheus not ready after 30s: {log.read_text()[-3000:]}")
+        stop_process(prom)
 
 
 async def test_sweep_dashboard_returns_data(tmp_path: Path) -> None:
@@ -271,15 +241,14 @@ async def test_sweep_dashboard_returns_data(tmp_path: Path) -> None:
         cfg = tmp_path / "sweep.yaml"
         cfg.write_text("scenarios:\n  short_chat: {max_tokens: 8}\nsweep: {min_requests: 40, linger: 4s}\n")
         async with sim_server(**sim_cfg) as sim, aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
-            await _wait_ready(s, base, prom, prom_log)
+            await wait_ready(s, f"{base}/-/ready", prom, prom_log)
             api = PromAPI(s, base)
             sweep = await SoakdProcess.start(
                 "sweep", "-c", str(cfg), "--target", sim.base_url, "--mix", "short_chat=1", "--levels", "1,2,4,8",
                 "--step", "4s", "--step-warmup", "1s", "--metrics-host", "127.0.0.1", "--metrics-port",
                 str(metrics_port), "--state-dir", str(tmp_path / "state"), "--log-format", "json",
                 cwd=tmp_path)  # fmt: skip
-            drain = [asyncio.create_task(_drain(sweep, sweep.proc.stdout)),
-                     asyncio.create_task(_drain(sweep, sweep.proc.stderr))]
+            drain = sweep.drain()
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 for where, expr in exprs:
@@ -306,4 +275,4 @@ async def test_sweep_dashboard_returns_data(tmp_path: Path) -> None:
         if sweep is not None and sweep.proc.returncode is None:
             sweep.proc.kill()
             await sweep.proc.wait()
-        _stop_prometheus(prom)
+        stop_process(prom)

@@ -735,6 +735,21 @@ async def test_stall_pauses_mid_stream() -> None:
     assert events[-1][1] == b"[DONE]"
 
 
+def two_requests(sim: SimServer, s: aiohttp.ClientSession) -> tuple[asyncio.Task[Any], asyncio.Task[Any]]:
+    """A streamed chat and a non-streamed completion of 200 tokens each, under way."""
+    streamed = asyncio.create_task(stream_events(
+        s, sim.base_url + "/chat/completions", {"messages": MSG, "max_tokens": 200, "stream": True}))
+    plain = asyncio.create_task(s.post(sim.base_url + "/completions", json={"prompt": "x", "max_tokens": 200}))
+    return streamed, plain
+
+
+async def api_answers(sim: SimServer, s: aiohttp.ClientSession) -> None:
+    """GET /v1/models and /health answer (what a wedged engine's server still does)."""
+    for url in (sim.base_url + "/models", sim.url + "/health"):
+        async with s.get(url) as r:
+            assert r.status == 200, url
+
+
 async def test_an_engine_freeze_stops_every_request_and_the_token_counter_while_the_api_answers() -> None:
     """freeze_every 1 s / freeze_duration 0.8 s: from 1 s of uptime no token for 0.8 s, for a streamed and a
     non-streamed request alike; vllm:generation_tokens_total stands still with both running, /v1/models and
@@ -742,17 +757,12 @@ async def test_an_engine_freeze_stops_every_request_and_the_token_counter_while_
     faults = {"freeze_every": 1.0, "freeze_duration": 0.8}  # the two scrapes at 1.15 s and ~1.45 s: 0.35 s to spare
     async with running(ttft_base=0, tpot_base=0.01, tpot_per_batch=0, faults=faults) as (sim, s):
         t0 = time.perf_counter()
-        streamed = asyncio.create_task(stream_events(
-            s, sim.base_url + "/chat/completions", {"messages": MSG, "max_tokens": 200, "stream": True}))
-        plain = asyncio.create_task(s.post(sim.base_url + "/completions", json={"prompt": "x", "max_tokens": 200}))
+        streamed, plain = two_requests(sim, s)
         await asyncio.sleep(1.15 - (time.perf_counter() - t0))  # inside the first freeze
         before = await scrape(sim, s)
         await asyncio.sleep(0.3)
         after = await scrape(sim, s)
-        async with s.get(sim.base_url + "/models") as r:
-            assert r.status == 200
-        async with s.get(sim.url + "/health") as r:
-            assert r.status == 200
+        await api_answers(sim, s)
         assert before["vllm:num_requests_running"] == 2 and after["vllm:num_requests_running"] == 2
         assert 0 < before["vllm:generation_tokens_total"] == after["vllm:generation_tokens_total"] < 400
         events = await streamed
@@ -772,18 +782,13 @@ async def test_a_saturated_kv_cache_holds_every_request_and_the_counter_with_usa
     faults = {"kv_saturate_at": 0.5, "kv_saturate_duration": 1.2}  # the scrapes at 0.7 s and ~1.0 s: 0.7 s to spare
     async with running(ttft_base=0, tpot_base=0.005, tpot_per_batch=0, faults=faults) as (sim, s):
         t0 = time.perf_counter()
-        streamed = asyncio.create_task(stream_events(
-            s, sim.base_url + "/chat/completions", {"messages": MSG, "max_tokens": 200, "stream": True}))
-        plain = asyncio.create_task(s.post(sim.base_url + "/completions", json={"prompt": "x", "max_tokens": 200}))
+        streamed, plain = two_requests(sim, s)
         await asyncio.sleep(0.7 - (time.perf_counter() - t0))  # inside the saturation
         late = asyncio.create_task(s.post(sim.base_url + "/completions", json={"prompt": "y", "max_tokens": 5}))
         before = await scrape(sim, s)
         await asyncio.sleep(0.3)
         after = await scrape(sim, s)
-        async with s.get(sim.base_url + "/models") as r:
-            assert r.status == 200
-        async with s.get(sim.url + "/health") as r:
-            assert r.status == 200
+        await api_answers(sim, s)
         assert before["vllm:kv_cache_usage_perc"] == 1.0 == after["vllm:kv_cache_usage_perc"]
         assert after["vllm:num_requests_running"] == 2 and after["vllm:num_requests_waiting"] == 1
         assert 0 < before["vllm:generation_tokens_total"] == after["vllm:generation_tokens_total"] < 400

@@ -8,10 +8,12 @@ Everything is loopback only and bounded in count and time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -134,6 +136,16 @@ class SoakdProcess:
             if obj.get("event") == event:
                 return obj
 
+    def drain(self) -> list[asyncio.Task[None]]:
+        """Keep reading stdout and stderr into ``lines`` (tasks that end at EOF), so that a full pipe never
+        blocks a child the test does not read line by line."""
+        async def read(stream: asyncio.StreamReader | None) -> None:
+            assert stream is not None
+            while raw := await stream.readline():
+                self.lines.append(raw.decode(errors="replace"))
+
+        return [asyncio.create_task(read(self.proc.stdout)), asyncio.create_task(read(self.proc.stderr))]
+
     def signal(self, sig: int = signal.SIGTERM) -> None:
         self.proc.send_signal(sig)
 
@@ -174,6 +186,31 @@ async def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(interval)
+
+
+async def wait_ready(session: aiohttp.ClientSession, url: str, proc: Any, log: Path, timeout: float = 30.0) -> None:
+    """Poll ``url`` (a server's readiness endpoint, e.g. Prometheus' /-/ready) until it answers 200; fail with
+    the server's log when ``proc`` (a ``subprocess.Popen``) exits or ``timeout`` passes."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        assert proc.poll() is None, f"{proc.args[0]} exited: {log.read_text()[-3000:]}"
+        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+            async with session.get(url) as resp:
+                if resp.status == 200:
+                    return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{url} not ready after {timeout:.0f}s: {log.read_text()[-3000:]}")
+
+
+def stop_process(proc: Any) -> None:
+    """Terminate a ``subprocess.Popen`` server (Prometheus, Alertmanager), killing it after 20 s."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def tool(name: str, how: str) -> str:
