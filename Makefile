@@ -73,7 +73,7 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/verdict_quality.py --quick
 
 metrics-table: $(VENV)/.installed
-	$(PY) -m soakd metrics --update-readme README.md
+	$(PY) -m soakd metrics --update-readme docs/metrics.md
 
 clean:
 	rm -rf $(VENV) soakd-state .pytest_cache build *.egg-info

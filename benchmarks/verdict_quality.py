@@ -572,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", action="store_true",
                    help="keep the rows of the --json file that already have the runs asked for; measure the rest")
     p.add_argument("--markdown", type=Path, metavar="JSON",
-                   help="print the table of an earlier --json file as Markdown (the README's) and exit")
+                   help="print the table of an earlier --json file as Markdown (docs/verdict-quality.md's) and exit")
     a = p.parse_args(argv)
     if a.markdown:
         print(markdown(json.loads(a.markdown.read_text())))

@@ -613,8 +613,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("metrics", help="list every metric soakd exports")
-    p.add_argument("--markdown", action="store_true", help="as the README's Markdown table")
-    p.add_argument("--update-readme", metavar="README", help="rewrite the metric table in this README")
+    p.add_argument("--markdown", action="store_true", help="as the Markdown table of docs/metrics.md")
+    p.add_argument("--update-readme", metavar="FILE",
+                   help="rewrite the metric table between the metrics-table markers of this Markdown file "
+                        "(docs/metrics.md)")
     p.set_defaults(func=cmd_metrics)
     return parser
 

@@ -9,8 +9,9 @@ Two kinds of instruments feed one custom collector:
 - sampled state (progress, target up, later GPU and server snapshots) is read from plain
   gauges or snapshot callbacks at scrape time; ``collect()`` does no I/O.
 
-``CATALOGUE`` is the single list of names, types, labels and help texts. The README's metric
-table is generated from it (``soakd metrics --markdown``) and a test keeps them in sync.
+``CATALOGUE`` is the single list of names, types, labels and help texts. The metric table of
+docs/metrics.md is generated from it (``soakd metrics --update-readme docs/metrics.md``, ``make
+metrics-table``) and a test keeps them in sync.
 
 Longer than 500 lines: the catalogue is the metric contract, one entry per exported name with its
 help text; it is kept in one place on purpose.
@@ -351,7 +352,8 @@ README_END = "<!-- metrics-table:end -->"
 
 
 def readme_with_table(text: str) -> str:
-    """The README text with the section between the markers replaced by the generated table."""
+    """A Markdown document (docs/metrics.md) with the section between the markers replaced by the
+    generated table."""
     start, end = text.index(README_START) + len(README_START), text.index(README_END)
     return text[:start] + "\n" + catalogue_markdown() + text[end:]
 

@@ -1,52 +1,9 @@
 """Drift judged with run-level error control: a pooled baseline, live comparisons that page
 rarely by construction, and at the end of the run the change points, a trend test and the
-changes they imply, each in one of two tiers.
+changes they imply, each in one of two tiers (*confident* fails the run, *likely* is reported).
+Levels, their variances and the noise floor come from ``soakd.analysis.levels``.
 
-Levels, their within-window variance and the between-window noise floor ``tau2`` come from
-``soakd.analysis.levels``. The threshold ``thr`` is ``DriftConfig.threshold_for(metric)``
-(relative: 0.05 = 5%; error rate: absolute).
-
-**Baseline pool.** The first ``DriftConfig.baseline_windows`` eligible windows after warm-up (not
-partial, target up, enough requests) pooled: their mean level. An outage, an insufficient or a
-partial window is never part of it. A baseline from an earlier run (``--baseline``) is a pool of
-one window.
-
-**Tiers.** A change ``ratio`` with interval ``ci`` (at the family-corrected confidence below):
-
-* *confident*: the whole interval lies beyond the threshold on one side (``ci lo > thr`` or
-  ``ci hi < -thr``);
-* *likely*: the point estimate is beyond the threshold and the interval excludes 0.
-
-Only *confident* degradations fail the run; *likely* ones are reported.
-
-**Run-level error control (Bonferroni).** The family is every comparison that could fail the run:
-
-* live (``soakd_drift_detected``, the per-window findings): metrics x planned windows x 2
-  references (baseline pool, previous window). Each comparison uses
-  ``z = Φ⁻¹(1 - α / (2 · metrics · windows · 2))`` with ``α = 1 - confidence``, and the noise
-  floor's 90% upper bound (``tau2`` from few windows is trusted only as far as it can be);
-* at the end: metrics x segments, each segment's mean against the pool with a Student-t quantile
-  at the Satterthwaite degrees of freedom of its variance.
-
-A confident change needs a true change of the threshold *plus* several standard errors; because
-the standard errors are those of pooled windows, that is close to the threshold on a well-fed run
-(see ``mde``: the smallest change this run can detect, reported when the pool is complete).
-
-**Change points** (end of run): PELT (``ruptures``, least squares, minimum segment 2 windows,
-penalty ``3 ln n``) on the standardised level series. The reference is the first segment when it
-holds the whole pool (the pool and the windows that did not differ from it: more windows, a
-tighter interval), else the pool; every later segment is compared with it. A segment is named by
-its first window and that window's start time.
-
-**One explanation per metric**: when a metric has both changes and a trend, a straight line and the
-segments are compared by their standardised residuals (the line costs ``ln n``, each change point
-``3 ln n``, as in PELT); the better one is reported, the other dropped (a step is not a creep).
-
-**Trend**: the Hamed–Rao modified Mann–Kendall test (``pymannkendall``; it corrects the variance
-of Kendall's S for the series' autocorrelation) at ``α / metrics``, with Sen's slope; the
-change over the run ``exp(slope · (n - 1)) - 1`` (error rate: ``slope · (n - 1)``). Significant
-and beyond the threshold: *likely*; Sen's interval (``scipy.stats.theilslopes``) beyond the
-threshold too: *confident*.
+(derivation: docs/analysis.md#derivation-changespy)
 """
 
 from __future__ import annotations

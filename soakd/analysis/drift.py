@@ -1,36 +1,9 @@
-"""Drift: each tracked quantity of a window against the baseline window and the previous window.
+"""Drift: each tracked quantity of a window against the baseline window and the previous window,
+flagged only when the whole interval of the change lies beyond the threshold. The plain pairwise
+rule, kept for the diagnosis's per-scenario comparisons (the run's drift is judged by
+``soakd.analysis.changes``); and across the run the method's stability figure and recurring drops.
 
-Method (pure functions over window summaries, :class:`~soakd.core.summary.WindowSummary` with the ``*_ci``
-intervals of ``soakd.analysis.stats``):
-
-* **Change.** For each metric the signed relative change ``ratio = value / reference - 1`` (the
-  ``soakd_drift_ratio{metric,reference}`` gauge). ``error_rate`` is the exception: a relative
-  change of a small proportion is meaningless (0.1% -> 0.2% is "+100%"), so its "ratio" is the
-  absolute difference of the two error ratios (0.003 = 0.3 percentage points) and its default
-  threshold is ``error_rate_threshold`` = 0.01 (one percentage point).
-* **Uncertainty.** Each window value carries a ``confidence`` interval: distribution-free
-  order-statistic intervals for quantiles (widened by the sketch's 0.25% relative accuracy),
-  Poisson / compound-Poisson intervals for requests/s and output tokens/s, Wilson intervals
-  for error rates, a token-count + power interval for energy per token. The two intervals of a
-  comparison combine into one for the ratio (``stats.ratio_ci``, log-space quadrature) or for
-  the difference (``stats.difference_ci``, Newcombe).
-* **Flag.** ``status = "drift"`` only when ``|ratio| > threshold`` **and** the whole ratio
-  interval lies beyond the threshold on the same side (``lo > threshold`` or
-  ``hi < -threshold``). A true change of exactly the threshold is therefore flagged at most
-  about half the time, and a change well inside it practically never: the price of few false
-  alarms. This is the plain pairwise rule, kept for the diagnosis's per-scenario comparisons; the
-  run's drift is judged by ``soakd.analysis.changes`` (pooled baseline, noise floor, run-level
-  error control), measured by ``benchmarks/verdict_quality.py``.
-* **Insufficient.** A window (or reference) with fewer than ``min_requests`` samples of the
-  metric, or whose interval cannot be formed (a quantile needs a minimum count, e.g. 110 for
-  p95 at 95%), is ``"insufficient"``: reported, never flagged. ``"no_data"`` means the quantity
-  is absent (no GPU sampler, no streaming, a zero reference).
-* **Direction.** Latencies, error rate and energy per token degrade upwards; throughputs
-  degrade downwards. A flagged result carries ``"degraded"`` or ``"improved"``.
-
-Across the run, ``stability`` gives the method's verdict (``(max - min) / median`` over all full
-windows within the threshold) and ``recurring_drops`` looks for dips that come back at a
-near-constant period (cooling, power management, scheduling).
+(derivation: docs/analysis.md#derivation-driftpy)
 """
 
 from __future__ import annotations

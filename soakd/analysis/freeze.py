@@ -1,10 +1,7 @@
 """Silence with requests in flight: the window's server freeze (at its close, from the activity
 buckets of ``ClientStats``) and the live engine wedge (``soakd.soak.wedge``), one rule for both.
 
-The silence must be longer than the server's own rhythm: ``analysis.client.freeze_min`` and 3x the
-TTFT p95 and the inter-token p99 of the baseline (of the window itself before there is one); and
-soakd's own loop must have been punctual (its largest lag under half the span: the silence was the
-server's). Only streamed requests count (a non-streamed body is silent until its end).
+(derivation: docs/analysis.md#derivation-freezepy)
 """
 
 from __future__ import annotations

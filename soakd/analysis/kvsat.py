@@ -1,34 +1,9 @@
 """KV cache saturated and stuck: the server's KV-cache usage pinned near full while it runs requests and
-generates (almost) nothing.
+generates (almost) nothing. Not a deadlock but an engine out of KV blocks, with other things to check,
+so it has its own diagnosis, ``KV cache saturated`` (kind ``freeze``): found live (:func:`wedge_diagnosis`)
+and at the window's close (:func:`kv_saturated_finding`); one fault, one finding, one page.
 
-Not a broken engine but one out of KV blocks: preemption and recompute thrash, a leak that filled the
-cache, admission stuck behind requests that cannot grow. What to check differs from a wedge (the cache:
-preemptions, ``gpu_memory_utilization``, ``max_num_seqs``, long prompts, leaked blocks; not a py-spy
-dump of a deadlocked scheduler), so it has its own diagnosis, ``KV cache saturated``, of kind
-``freeze`` (the engine makes no progress; ``fail_on`` and the JUnit file treat it as the wedge).
-
-One fault, one finding, one page:
-
-* Live (``soakd.soak.wedge``): a wedge (silent streams, or the server's token counter still with requests
-  running, while GET /v1/models answers) whose latest server scrape shows the KV cache at or above
-  ``analysis.kv_saturated.ratio`` with requests running is named ``KV cache saturated`` instead of
-  ``engine wedged`` (:func:`wedge_diagnosis`), with the usage, the running and waiting requests as
-  evidence. ``soakd_kv_cache_saturated`` is 1 during it; ``soakd_engine_wedged`` is 1 too (the engine
-  generates nothing), and the alert SoakdEngineWedged stands aside (``unless`` the KV alert's gauge),
-  so the on-call engineer gets SoakdKVCacheSaturated alone.
-* At the window's close (:func:`kv_saturated_finding`), for what the live watch cannot see: a counter that
-  still creeps (thrash makes a token now and then, so it is never flat) or a server whose counter moves
-  only when requests end. Rule, on the window's server scrapes taken in pairs (``soakd.analysis.telemetry``):
-  the longest unbroken span of scrapes all pinned (usage >= ``ratio``, requests running > 0) lasts at least
-  ``min_seconds`` and 3x the baseline's e2e p99, **and** the server's generated tokens per second over it
-  are at most ``max_rate_ratio`` (5%) of the baseline window's rate (no baseline yet: not one token). A
-  server without a token counter (TGI) is judged on soakd's own output tokens per second of the window
-  against the baseline's, with the window pinned at least half its time. A window that a live episode
-  (wedge or KV) overlapped is not judged again: that fault already has its finding.
-
-Not stuck: a busy healthy server at 95-99% usage (vLLM runs near full by design: ``gpu_memory_utilization``
-sizes the cache to fill) that keeps generating at its usual rate; an idle server (nothing running); a
-cache pinned for less than the span (a burst).
+(derivation: docs/analysis.md#derivation-kvsatpy)
 """
 
 from __future__ import annotations

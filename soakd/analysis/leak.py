@@ -1,76 +1,12 @@
-"""Leaks: a robust trend of memory-like quantities across windows, and the idle KV residue.
+"""Leaks: a robust trend of memory-like quantities across windows, and the idle KV residue. Each
+memory series is classified (warm-up ramp, one-off step, sawtooth, staircase, sustained climb) and
+only its sustained part is judged, by a Theil–Sen slope with Sen's interval, so that a warm-up, a
+one-off allocation or memory that is released again is never called a leak.
 
-Method:
+One judgement (every memory source's pattern, its sustained part, the staircase and the KV trends)
+over one result type; the slopes themselves are in ``soakd.analysis.theilsen``.
 
-* One value per full window and source, at comparable load (the mix is stratified, so every
-  window carries the same load):
-
-  - ``device_memory``: ``device.memory_used_bytes.min``. Within a window, used memory rises
-    and falls with the batch (activations, allocator caches); the window *minimum* is the floor
-    the allocator came back to at the window's lightest moment. A leak raises that floor, a
-    load spike only raises the maximum, so the minimum is the comparable value.
-  - ``target_gpu_memory``: ``device.target_gpu_memory_bytes.min`` (the target process's own
-    GPU memory), same reason.
-  - ``target_rss``: the target's host memory: ``host.target_anon_bytes.min`` (anonymous resident memory
-    plus swap, /proc in a shared PID namespace) where there is one, else ``host.target_rss_bytes.min``
-    (its resident set from /proc, or the server's own ``process_resident_memory_bytes``), same reason.
-  - ``kv_cache``: ``server.kv_cache_usage_ratio.mean`` per running request
-    (``server.requests_running.mean``), scaled to the run's median running count
-    (``kv_at_median_load``): KV usage at the same load, so that a slower server, which holds more
-    requests at once, is not a KV leak; growth in ratio per hour, not bytes.
-
-  Partial windows (the one cut at shutdown) are left out.
-* Byte sources (device memory, the target's GPU memory and RSS) are classified by their
-  pattern (``memory_pattern``): ramp then flat (warm-up), one-off step, sawtooth, sustained
-  climb; only the *sustained* part is judged (from a third of the series on, after the last
-  step, or the sawtooth's troughs), so a warm-up or a one-off allocation is never a leak, and a
-  finding made early is revised as the run goes on (the verdict uses the last judgement). Device
-  memory is read from the idle quiesce probes (load paused, requests drained) when there are
-  enough of them: the cleanest reading of what the server keeps. A sustained climb is always a
-  finding; it fails the run when memory runs out at that rate within
-  ``exhaustion_budget_hours`` (default 7 days).
-* A **staircase** -- two or more isolated steps up with plateaus between them, no release -- is
-  what an allocator that grows its pool, or a server that captures a CUDA graph, for each new
-  batch shape or sequence length does; a linear leak has no plateaus. The rule that tells them
-  apart (``_staircase``): the steps are the same jumps as the one-off step's (beyond
-  ``max(5 sigma, step_bytes)``, isolated, while the typical difference is small), and the slope
-  is measured *within* the plateaus only (Sen's slope of the pairs inside each block between two
-  jumps, with the blocked Kendall interval: ``theil_sen_blocked``), from a third of the series on.
-
-  - a slope within the plateaus whose interval is above 0: **steps on a sustained climb**, a leak
-    (the climb between the steps is one);
-  - else, while the steps **still come** (the readings after the last step do not yet make a
-    judgeable plateau: ``min_windows`` of them spanning ``min_span``), their average rate (total
-    height over the series' span) is projected like a climb: memory that runs out at it within
-    ``exhaustion_budget_hours`` is an **unbounded staircase**, a leak that fails the run;
-  - else a **staircase**: not suspected, and named ``memory steps`` (a warning: "grew in N steps,
-    +X MiB in total, last step at window k, KV usage flat: allocator growth or graph capture per new
-    shape, not a linear leak") when KV usage stayed flat: neither ``kv_cache`` nor ``kv_residue``
-    suspected (a KV trend that is not significant, or too small to project beyond its budget);
-    growing KV explains the memory itself ("KV cache not released").
-
-  Change points from a penalised segmentation (``ruptures``) were not used: a mean-shift model cuts
-  a linear leak into as many "steps" as its penalty allows, which is the very confusion to avoid;
-  a step of allocator or graph memory is instantaneous at the resolution of one reading (a window
-  floor, an idle probe), so the jump test that already finds the one-off step finds each step, and
-  one step and many can never disagree about what a step is. A climb faster than about a quarter
-  of a jump per reading leaves no typical difference small: that is a sustained climb, steps or not.
-* The trend (KV usage, and each judged part) is the Theil–Sen slope (median of all pairwise slopes) against the window's mid
-  time, in units per hour, with Sen's distribution-free confidence interval from Kendall's S
-  (variance ``n(n-1)(2n+5)/18``, minus the usual correction for tied values). It ignores up to
-  ~29% outliers (a window with a transient spike) and needs no normality.
-* A source is ``significant`` when the whole interval is above 0, and ``suspected`` when it is
-  significant **and** the growth projected over ``horizon_hours`` exceeds the source's budget:
-  a real but harmless creep (a few MiB a day of allocator fragmentation) is reported, not
-  accused. Fewer than ``min_windows`` windows is ``"insufficient"``.
-* Idle KV residue (quiesce probes: load paused, in-flight drained): the residue is the idle KV
-  usage minus the *first* idle value. Suspected when the residue grows significantly from probe
-  to probe (Theil–Sen interval above 0) and its fitted value at the last probe exceeds
-  ``kv_residue_budget_ratio``: the clearest sign of a KV cache that is not released.
-
-Longer than 500 lines: one judgement (every memory source's pattern, its sustained part, the
-staircase and the KV trends) over one result type; the slopes themselves are in
-``soakd.analysis.theilsen``.
+(derivation: docs/analysis.md#derivation-leakpy)
 """
 
 from __future__ import annotations

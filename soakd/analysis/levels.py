@@ -1,36 +1,8 @@
 """Each tracked metric of a window as a *level* with an honest sampling variance, and the noise
-between windows that the run itself shows.
+between windows that the run itself shows: what the drift, A/B and end-of-run comparisons are made
+of, so that a change is judged against the noise the run really has.
 
-Scale: a latency quantile, a rate or energy per token is analysed as its logarithm (a relative
-change is a difference of logs; ``exp(d) - 1`` is the ratio soakd reports); the error rate as
-itself (changes are differences of proportions, ``DriftConfig.error_rate_threshold``).
-
-Variance of one window's level, ``var``:
-
-* **within the window, independent part** — a quantile's distribution-free order-statistic
-  interval (``stats.quantile_ci``, stored at window close) read as a normal interval in log
-  space; Poisson for requests/s, compound Poisson for tokens/s, Wilson for the error rate;
-* **within the window, dependent part** — requests in one batch, or under the same slowly
-  varying load, are not independent. The window's sub-windows (``SubWindows``, a minute each)
-  give batch means of the log latency; what their variance exceeds the independent variance by
-  (``extra_var``, per latency family) is added to every quantile of that family. Assumption: the
-  load acts multiplicatively on the whole distribution (a slower batch is slower at p50 and p95
-  alike).
-
-Noise between windows, ``tau2``: load that wanders over tens of minutes moves whole windows,
-which no within-window figure sees. It is estimated from the run's own window series as the
-part of the mean squared successive difference (von Neumann) that the windows' ``var`` does not
-explain: ``tau2 = max(0, mean((y[i+1] - y[i])^2) / 2 - mean(var))``. Successive differences are
-insensitive to a slow trend, and a step moves only one of them; the largest ``df // 4`` squared
-differences are winsorised (set to the next largest), so that a step or a throttle episode in the
-history does not hide the next change behind a noise floor it inflated (and the mean is divided by
-what winsorising leaves of it under noise, ``E[min(X, q)]`` for chi-square X: no bias). ``df`` (the number of
-differences) goes with it: comparisons use Student-t quantiles at that many degrees of freedom,
-so a noise floor estimated from few windows is trusted accordingly.
-
-Eligible windows: not partial, the target never down in them, soakd itself not stalled in them
-(``ClientSummary.impaired``), at least ``min_requests`` samples of the metric. Outage,
-client-impaired and insufficient windows are shown, never judged, never a baseline.
+(derivation: docs/analysis.md#derivation-levelspy)
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """Periodic drops: performance that dips at a steady period (cooling cycles, power management,
-a scheduler's batch job), found on the run's per-minute series.
+a scheduler's batch job), found on the run's per-minute series by a Lomb–Scargle periodogram whose
+peaks are measured against the spectrum's own local level, so that slowly varying load is not read
+as a period.
 
-Series: every eligible window's sub-windows (``SubWindows``, a minute each) give the geometric-mean
-e2e latency of the requests sent in that minute; its logarithm, minus a straight line fitted over
-the run (a slow creep is the trend test's, not a period), is the series ``y(t)``.
-
-Method: the Lomb–Scargle periodogram (``scipy.signal.lombscargle``: unevenly sampled, so quiesce
-pauses, outages and impaired windows simply leave gaps) at the run's independent frequencies
-``k / T`` for periods from ``min_period`` (10 minutes) to ``max_period`` (4 hours, and at most a
-third of the run: three cycles at least). Under noise the periodogram divided by the spectrum's
-level is exponentially distributed; the level is the median of the neighbouring frequencies
-(divided by ln 2), so slowly varying load (red noise: a spectrum that rises towards low
-frequencies) is compared with its own level and does not read as a period. The level is the mean
-of the ``2m`` neighbouring frequencies (the two next to the peak left out, where its own power
-leaks): the peak over it is F(2, 2m)-distributed under noise, ``p = (1 + z/m)^-m``, and the
-false-alarm probability of the highest of ``M`` frequencies is ``1 - (1 - p)^M``; a peak with FAP
-below ``fap`` (1%) is periodic drops at that period. The depth is read by folding the series
-at the period: the slowest quarter of the phase against the rest; drops shallower than 2.5% (half
-the default drift threshold) are no finding.
+(derivation: docs/analysis.md#derivation-periodicpy)
 """
 
 from __future__ import annotations

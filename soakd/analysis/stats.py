@@ -1,60 +1,10 @@
-"""Confidence intervals for window statistics (pure Python, no scipy, no I/O).
+"""Confidence intervals for window statistics (pure Python, no scipy, no I/O): quantiles from
+binomial order statistics, Poisson and compound-Poisson rates, Wilson and Newcombe intervals for
+error rates, and ratios of two intervals. Every tracked quantity of a window comes with one, so that
+drift is flagged only when the change exceeds its threshold *with confidence* (DESIGN.md,
+"Statistics before alarms").
 
-Every tracked quantity of a window comes with an interval, so that drift is flagged only when
-the change exceeds its threshold *with confidence* (DESIGN.md, "Statistics before alarms").
-
-Quantiles: ``quantile_ci``
-    A distribution-free interval from binomial order statistics. For ``n`` independent draws
-    from a continuous distribution with true ``q``-quantile ``xi``, the number ``B`` of draws
-    ``<= xi`` is Binomial(n, q), and ``X(j) <= xi < X(k)`` exactly when ``j <= B <= k - 1``
-    (``X(i)`` is the i-th smallest draw). So the ranks
-
-        j = floor(n q - z sqrt(n q (1 - q))),   k = ceil(n q + z sqrt(n q (1 - q))) + 1
-
-    bracket ``xi`` with probability ``P(j <= B <= k - 1)``, about the confidence. For
-    ``n <= 1,000,000`` that probability is then computed exactly (binomial pmf via ``lgamma``) and
-    the ranks are widened one at a time until it reaches the confidence, so the interval holds
-    at small ``n`` and in the tails too, where the normal approximation is poor. The two order
-    statistics are read from the DDSketch (``get_quantile_value((rank - 0.5) / (n - 1))``,
-    i.e. the sketch's own 0-based rank ``rank - 1`` with a half-rank guard against rounding),
-    and each is widened by the sketch's relative accuracy ``a``: a sketch value ``v`` stands
-    for a true order statistic in ``[v / (1 + a), v / (1 - a)]``.
-
-    The interval does not exist when ``j < 1`` or ``k > n``: too few samples for the ranks.
-    ``quantile_ci_min_count(q, confidence)`` gives that minimum; at 95% it is 8 samples for the
-    median, 110 for p95 and 563 for p99 (``QUANTILE_CI_MIN_COUNT``); below it the function returns
-    ``None`` and the window is "insufficient" for that quantile.
-
-    Assumptions: requests are independent draws from one distribution within the window
-    (stationary within the window; the mix is stratified so every window has the same
-    proportions). Inter-token gaps of one request are *not* independent (they share the batch
-    the request ran in): pass ``n_effective`` = the number of streamed requests, which widens
-    the rank band to what that many independent observations would give (cluster sampling has
-    a design effect of at most the gaps per request, so this is conservative).
-
-Rates: ``rate_ci`` and ``tokens_rate_ci``
-    Requests/s treats the window's request count as Poisson (exact Garwood interval via the
-    Wilson–Hilferty chi-square approximation). Output tokens/s treats the window as a compound
-    Poisson sum of per-request token counts ``T_i``: ``Var(sum T_i) = E[N] E[T^2]``, estimated by
-    the sum of squares ``sum T_i^2`` (``completion_tokens_sumsq``), giving the normal interval
-    ``S/t +- z sqrt(sum T_i^2)/t``. A closed-loop load generator (fixed concurrency) completes
-    requests *more* regularly than a Poisson process (its count variance is smaller), so both
-    intervals are conservative there; an open-loop Poisson arrival process matches them.
-
-Error rates: ``wilson_ci`` (Wilson score interval for a binomial proportion, sound at 0 errors),
-and ``difference_ci`` for the change of a proportion between two windows (Newcombe's hybrid
-score interval: the Wilson half-widths combined in quadrature).
-
-Ratios: ``ratio_ci`` combines two independent intervals (a window's and its reference's) into
-one for ``num / den``. Default ``"quadrature"``: each interval's half-widths in log space are
-combined as ``sqrt(h_num^2 + h_den^2)`` (the delta method; at equal ``z`` this is the interval
-of the same confidence for the log ratio when each estimate is roughly log-normal, which order
-statistics and counts are for the sample sizes where the intervals exist). The sketch widening
-folded into each quantile interval is combined the same way; the bucket rounding of an order
-statistic is effectively uniform within ``+-a``, so treating ``+-a`` as a 95% bound is itself
-conservative. ``"interval"`` gives the plain interval-arithmetic bounds
-``(num_lo/den_hi, num_hi/den_lo)``, valid with probability at least ``confidence^2`` and usually
-far wider.
+(derivation: docs/analysis.md#derivation-statspy)
 """
 
 from __future__ import annotations

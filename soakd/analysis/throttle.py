@@ -1,20 +1,8 @@
 """Throttling: a performance-relevant clocks-event reason active for too much of a window, with
-an impact.
+an impact (the SM clock below the baseline's, or latency drift in the same window). A GPU at its
+power cap with its clock where it was at the baseline is reported healthy, not throttled.
 
-``device.throttle_share[reason]`` is the largest share (0–1), over the GPUs, of one GPU's samples
-in the window in which NVML/DCGM reported that clocks-event reason. A reason among ``reasons``
-(default: the five that cost performance — software power cap, hardware slowdown, software and
-hardware thermal slowdown, hardware power brake; not idle, application clocks, sync boost or
-display clock) active for more than ``max_share`` of the window is *active*; it is *detected*
-(``soakd_throttle_detected`` = 1, a finding that fails the run) only with an impact: the mean SM
-clock more than ``clock_drop_ratio`` below the baseline's, or a latency/throughput drift of the
-same window (``latency_drift``). A GPU that runs at its power cap under full load with the
-clock where it was at the baseline is doing what it should: an active reason without impact is
-reported as healthy. Before a baseline exists there is no reference and nothing is detected.
-Each result carries the evidence: the window's mean SM clock and its drop against the baseline
-window's mean SM clock (or, without a baseline, against the window's ``sm_clock_max_hertz``,
-the device's maximum), the maximum GPU and memory temperature and the mean/max power.
-``diagnosis`` correlates detections with latency drift of the same window.
+(derivation: docs/analysis.md#derivation-throttlepy)
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """One open window: everything a window collects until it closes, and the one place its
-:class:`~soakd.core.summary.WindowSummary` is built.
+:class:`~soakd.core.summary.WindowSummary` is built. Requests go by send time, samples by sample
+time, into sketches, fixed-size aggregates and one-minute sub-windows: nothing grows with the
+number of requests or samples.
 
-A request belongs to the window in which it was *sent*; a telemetry sample to the window in
-which it was taken. Latency quantiles come from DDSketches (``soakd.analysis.sketch``, 0.25%
-relative error), kept per scenario and merged for the overall figures; telemetry from the
-fixed-size aggregates of ``soakd.analysis.telemetry``. Nothing grows with the number of
-requests or samples.
-
-Each window is also cut into sub-windows (``sub_seconds``: a minute, or a tenth of a short
-window) that keep a few sums per latency family: the per-minute series and the batch means of
-``SubWindows`` (see there). Inter-token gaps of 0 (events the server or the network coalesced)
-are kept: they are real gaps of the stream, and the server's own histogram counts them too.
+(derivation: docs/analysis.md#derivation-windowpy)
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ From NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors, Ampere and newer; 
 buckets RESTART_APP, RESET_GPU, RESTART_BM and CONTACT_SUPPORT are the catalog's). Any Xid the NVML
 sampler sees (``nvmlEventTypeXidCriticalError``) fails the run: a GPU that reports one during a
 qualification soak has not qualified, whatever the code; the table says where to look first. The
-README's table is this one.
+table in docs/analysis.md#gpu-errors is this one.
 """
 
 from __future__ import annotations

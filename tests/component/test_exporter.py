@@ -1,5 +1,5 @@
 """The exporter: /metrics (the metric contract, pre-initialised labels, histograms, promtool),
-/healthz, /readyz, /status, and the README's metric table."""
+/healthz, /readyz, /status, and the metric table of docs/metrics.md."""
 
 from __future__ import annotations
 
@@ -253,7 +253,7 @@ def test_recorder_feeds_the_exported_values() -> None:
 
 
 def test_every_catalogued_core_metric_is_exported() -> None:
-    """Each load/run metric of the catalogue (the README's table) is in a fresh exposition (of a
+    """Each load/run metric of the catalogue (the table of docs/metrics.md) is in a fresh exposition (of a
     run with an SLO: without one, the goodput families are not exported)."""
     exp = Exposition(generate_latest(SoakMetrics(SCENARIOS, slo_objectives={"short_chat": 0.95}).registry()).decode())
     bare = Exposition(generate_latest(SoakMetrics(SCENARIOS).registry()).decode())
@@ -274,12 +274,11 @@ def test_catalogue_names_follow_prometheus_rules() -> None:
     assert len({m.name for m in CATALOGUE}) == len(CATALOGUE)
 
 
-def test_readme_metric_table_matches_the_catalogue() -> None:
-    """The README's table between the metrics-table markers is ``soakd metrics --markdown``."""
-    readme = REPO / "README.md"
-    text = readme.read_text(encoding="utf-8")
+def test_docs_metric_table_matches_the_catalogue() -> None:
+    """docs/metrics.md's table between the metrics-table markers is ``soakd metrics --markdown``."""
+    text = (REPO / "docs" / "metrics.md").read_text(encoding="utf-8")
     start, end = "<!-- metrics-table:start -->", "<!-- metrics-table:end -->"
-    assert start in text and end in text, "README.md lost its metric-table markers"
+    assert start in text and end in text, "docs/metrics.md lost its metric-table markers"
     section = text.split(start, 1)[1].split(end, 1)[0]
     assert section.strip() == catalogue_markdown().strip(), "regenerate it with `make metrics-table`"
 
