@@ -474,12 +474,14 @@ def _check_run(state: Path, log: JsonLog, rc: int, numbers: dict[str, Any]) -> N
     for w in windows:
         oc = {k: v for k, v in w["outcomes"].items() if v}
         # no garbled output (U+FFFD check off), no degenerate repetition, no HTTP error; connection
-        # errors only while the target was down; a request may time out on a machine that starves
-        # vLLM (seen: one right after its restart, which also counts as down time), a few at most
+        # errors only while the target was down. A window with the target down may also hold timeouts:
+        # vLLM promises nothing to the requests in flight when it is stopped (seen: 5 of 75 in the window
+        # of the stop, its streams stalled before their sockets closed). Outside the outage a request may
+        # time out on a machine that starves vLLM (seen: one right after its restart), a few at most
         assert set(oc) <= {"ok", "timeout", "connection_error"}, (w["window"], oc)
         assert w in down_windows or not oc.get("connection_error"), (w["window"], oc)
-        assert oc.get("timeout", 0) <= max(2, 0.02 * w["requests"]), (w["window"], oc)
         if w not in down_windows:
+            assert oc.get("timeout", 0) <= max(2, 0.02 * w["requests"]), (w["window"], oc)
             assert w["partial"] or w["requests"] >= 40, (w["window"], w["requests"])
     # after the restart, the windows have load again
     assert full[-1]["outcomes"]["ok"] >= 40 and full[-1]["window"] > max(w["window"] for w in outage)
