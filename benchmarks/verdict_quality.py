@@ -362,11 +362,11 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
     windows = WindowSet(tl, confidence=0.95, patience=min(cell.window_s, 120.0), clock=clock)
     cfg = config or AnalysisConfig()
     ab_run = cell.ab is not None
-    analyzer = Analyzer(cfg, planned_windows=cell.windows, candidates=1 if ab_run else 0)
-    # A/B: the candidate's windows and analysis, and the judge (as the runtime wires them)
+    # A/B: the candidate's windows and analysis, and the judge in the reference's analysis (as the runtime wires them)
+    judge = AbJudge(cfg, "ref", ["cand"], cell.windows) if ab_run else None
+    analyzer = Analyzer(cfg, planned_windows=cell.windows, candidates=1 if ab_run else 0, ab=judge)
     cand_windows = WindowSet(tl, confidence=0.95, patience=min(cell.window_s, 120.0), clock=clock) if ab_run else None
     cand = Analyzer(cfg, planned_windows=cell.windows, candidates=1) if ab_run else None
-    judge = AbJudge(cfg, "ref", ["cand"], cell.windows) if ab_run else None
     live = False
     source = closed_loop(cell, rng) if cell.noise == "closed" else arrivals(cell, rng)
     next_sample = 15.0
@@ -380,13 +380,11 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
             for w in cand_windows.close_due(now, final=final):
                 if not w.revision:
                     cand.add_window(w)
-                    analyzer.add_ab(judge.add("cand", w))
+                    analyzer.add_target_window("cand", w)
         for w in windows.close_due(now, final=final):
             if w.revision:
                 continue
             analyzer.add_window(w)
-            if judge is not None:
-                analyzer.add_ab(judge.add("ref", w))
             live_drift = live_drift or any(analyzer.drift_active.values())
             if any(analyzer.drift_active.values()) or analyzer.throttle_detected or any(
                     lk.fails for lk in analyzer.leaks.values()):
@@ -449,37 +447,33 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
             crec.outcome = Outcome.OK
             cand_windows.finished(crec, [(b - a) / 1e9 for a, b in zip(crec.token_times_ns, crec.token_times_ns[1:])])
     close(tl.end + cell.window_s, final=True)
-    if judge is not None:
-        run_ab = judge.run_results()
-        analyzer.ab_run = [r.to_dict() for r in run_ab]
-        analyzer.add_ab(run_ab)
     verdict = analyzer.verdict()
-    failing = [f for f in analyzer.findings if f["severity"] != "info" and f["kind"] in ("drift", "throttle")
-               and (f["evidence"].get("tier") in (None, "confident"))]
-    windows_named = [f["window"] for f in failing if f.get("window") is not None]
+    failing = [f for f in analyzer.findings if f.severity != "info" and f.kind in ("drift", "throttle")
+               and (f.evidence.get("tier") in (None, "confident"))]
+    windows_named = [f.window for f in failing if f.window is not None]
     windows_named += [int(r.split("window ")[-1].rstrip(")")) for r in verdict.reasons
                       if r.startswith(("drift", "throttle")) and r.rstrip(")").split("window ")[-1].isdigit()]
     fail_window = min(windows_named, default=None)
-    leak = [f["window"] for f in analyzer.findings if f["kind"] == "leak" and f["diagnosis"] != "memory steps"]
+    leak = [f.window for f in analyzer.findings if f.kind == "leak" and f.diagnosis != "memory steps"]
     final_leak = any(lk.suspected for lk in analyzer.leaks.values())
     dm = analyzer.leaks.get("device_memory")
-    return RunResult(failed=not verdict.passed, fail_window=fail_window if not verdict.passed else None,
+    return RunResult(failed=verdict.result == "FAIL", fail_window=fail_window if verdict.result == "FAIL" else None,
                      live_flag=live, reasons=list(verdict.reasons),
-                     confident=live_drift or any(f["kind"] == "drift" and f["evidence"].get("tier") == "confident"
+                     confident=live_drift or any(f.kind == "drift" and f.evidence.get("tier") == "confident"
                                                  for f in analyzer.findings),
-                     trend=any(f["diagnosis"] == "creep" and f["evidence"].get("direction") == "degraded"
+                     trend=any(f.diagnosis == "creep" and f.evidence.get("direction") == "degraded"
                                for f in analyzer.findings),
                      leak_window=min(leak) if leak and final_leak else None,
                      periodic=analyzer.periodic is not None,
-                     freeze=any(f["kind"] == "freeze" for f in analyzer.findings),
+                     freeze=any(f.kind == "freeze" for f in analyzer.findings),
                      inconclusive=verdict.inconclusive is not None,
-                     restart_reported=any(f["diagnosis"] == "target restarted" for f in analyzer.findings),
+                     restart_reported=any(f.diagnosis == "target restarted" for f in analyzer.findings),
                      impaired_windows=sum(1 for w in analyzer.history.full() if w.client and w.client.impaired),
                      leak_rate=dm.growth_per_hour / 1e6 if dm is not None and dm.growth_per_hour is not None
                      else None,
                      ab_fail=any(r.startswith("ab:") for r in verdict.reasons),
-                     ab_confident=any(f["kind"] == "ab" and f["evidence"].get("tier") == "confident"
-                                      and f["evidence"].get("direction") == "worse" for f in analyzer.findings))
+                     ab_confident=any(f.kind == "ab" and f.evidence.get("tier") == "confident"
+                                      and f.evidence.get("direction") == "worse" for f in analyzer.findings))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from soakd import __version__
 from soakd.config import ConfigError, SoakConfig, deep_merge, flags, load_config
 from soakd.core.durations import parse_duration
 
-EXIT_OK, EXIT_FAIL, EXIT_CONFIG, EXIT_INCONCLUSIVE = 0, 1, 2, 3
+EXIT_OK, EXIT_FAIL, EXIT_CONFIG = 0, 1, 2  # and 3, inconclusive: soakd.core.verdict.EXIT_CODES
 
 
 # ---- shared helpers ----------------------------------------------------------------------------
@@ -127,22 +127,15 @@ async def _soak(cfg: SoakConfig, progress: bool | None = None, nvml_module: Any 
     except StartupError as exc:
         sys.stderr.write(f"soakd: {exc}\n")
         return EXIT_FAIL, None
-    if outcome.stop_reason == "target_unreachable":
-        return EXIT_FAIL, outcome
-    if outcome.graceful_stop:
-        return EXIT_OK, outcome  # a graceful stop; the run stays resumable and its verdict is interim
-    if outcome.requests_measured <= 0 and not outcome.windows:
-        return EXIT_FAIL, outcome
-    verdict = outcome.verdict or {}
-    if verdict.get("result") == "INCONCLUSIVE":
-        return EXIT_INCONCLUSIVE, outcome
-    return (EXIT_OK if verdict.get("passed", True) else EXIT_FAIL), outcome
+    if outcome.verdict is None:  # the target never answered, or the run was stopped before it had one
+        return (EXIT_OK if outcome.graceful_stop else EXIT_FAIL), outcome
+    return outcome.verdict.exit_code, outcome  # soakd.core.verdict.EXIT_CODES
 
 
 def _print_summary(cfg: SoakConfig, outcome: Any) -> None:
     """The terminal summary, rendered from the run's report in the store."""
     if outcome.stop_reason == "target_unreachable":
-        sys.stdout.write(f"\nsoakd: {cfg.target.url} never answered GET /models; no run was recorded\n")
+        sys.stdout.write(f"\nsoakd: {cfg.target.display_url} never answered GET /models; no run was recorded\n")
         return
     from soakd.report import ReportError, build_report
     from soakd.report.summary import format_summary
@@ -151,10 +144,15 @@ def _print_summary(cfg: SoakConfig, outcome: Any) -> None:
     try:
         with StoreReader(cfg.run.state_dir) as reader:
             report = build_report(reader, outcome.run_id)
+        text = format_summary(report, outcome)
     except (StoreError, ReportError) as exc:
         sys.stderr.write(f"soakd: no summary: {exc}\n")
         return
-    sys.stdout.write(format_summary(report, outcome))
+    except Exception as exc:  # noqa: BLE001 - the run is over and recorded: its exit code must stand
+        sys.stderr.write(f"soakd: no summary ({type(exc).__name__}: {exc}); the run is in the store: "
+                         f"soakd report --state-dir {cfg.run.state_dir} --run {outcome.run_id}\n")
+        return
+    sys.stdout.write(text)
 
 
 def cmd_run(args: argparse.Namespace, record_listeners: tuple[Any, ...] = ()) -> int:
@@ -225,7 +223,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         sys.stderr.write(f"soakd sweep: {exc}\n")
         return EXIT_FAIL
     if outcome.document is None:
-        sys.stderr.write(f"soakd sweep: {cfg.target.url} never answered GET /models; no sweep was recorded\n")
+        sys.stderr.write(f"soakd sweep: {cfg.target.display_url} never answered GET /models; no sweep was recorded\n")
         return EXIT_FAIL
     _write_sweep(outcome.document, args)
     return EXIT_OK if outcome.document.get("knee") is not None else EXIT_FAIL
@@ -405,7 +403,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             docs.append([r.__dict__ for r in results])
         else:
             head = f"[{t.name}] " if len(targets) > 1 else ""
-            sys.stdout.write(head + format_table(results, t.url, model) + "\n")
+            sys.stdout.write(head + format_table(results, t.display_url, model) + "\n")
     if args.json:
         sys.stdout.write(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2) + "\n")
     return EXIT_OK if ok else EXIT_FAIL
@@ -467,6 +465,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     from soakd.report.render import write_atomic
     from soakd.store import StoreError, StoreReader
 
+    if args.schema:  # the JSON Schema of report.json (docs/report.schema.json)
+        from soakd.report.model import json_schema
+
+        sys.stdout.write(json.dumps(json_schema(), indent=2, sort_keys=True) + "\n")
+        return EXIT_OK
     state_dir = Path(args.state_dir or os.environ.get("SOAKD_RUN__STATE_DIR") or "./soakd-state")
     by_suffix = {".md": "md", ".markdown": "md", ".html": "html", ".htm": "html", ".json": "json", ".xml": "junit"}
     fmt = args.format or by_suffix.get(args.output.suffix.lower() if args.output else "", "md")
@@ -507,7 +510,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         except OSError as exc:
             sys.stderr.write(f"soakd report: cannot write {args.output}: {exc.strerror or exc}\n")
             return EXIT_FAIL
-        sys.stderr.write(f"soakd report: {fmt} report of run {report['run']['id']} written to {args.output}\n")
+        sys.stderr.write(f"soakd report: {fmt} report of run {report.run.id} written to {args.output}\n")
     else:
         sys.stdout.write(text)
     return EXIT_OK
@@ -555,8 +558,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("compare", help="compare two runs' JSON reports as an A/B run (B against A)",
-                       description="Window k of B against window k of A and over the whole runs, per tracked metric, "
-                       "with intervals (the A/B judgement of soakd.analysis.ab). Exit 1 when B is confidently worse.")
+                       description="Window k of B against window k of A, per tracked metric (the configuration's, "
+                       "each report's own, goodput where both have it), with intervals (the A/B judgement of "
+                       "soakd.analysis.ab): over every window both runs had eligible, and in each segment between "
+                       "change points of the paired differences (a step half-way through B is not diluted by the "
+                       "windows before it). Metrics that cannot be compared and windows left out are listed with "
+                       "why. Exit 1 when B is confidently worse on any metric, over the run or in a segment (the "
+                       "last line names the metric and its windows), 0 otherwise, 2 when a report cannot be read.")
     p.add_argument("a", type=Path, help="the reference run's report.json")
     p.add_argument("b", type=Path, help="the candidate run's report.json")
     p.add_argument("-c", "--config", type=Path, help="YAML configuration whose analysis: section applies")
@@ -610,6 +618,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="output format (default md, or from the -o file's extension; .xml: junit)")
     p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write to FILE instead of stdout")
     p.add_argument("--list", action="store_true", help="list the runs in the state dir (id, start, status, verdict)")
+    p.add_argument("--schema", action="store_true",
+                   help="print the JSON Schema of report.json (published as docs/report.schema.json) and exit")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("metrics", help="list every metric soakd exports")

@@ -32,7 +32,9 @@ from soakd import __version__
 from soakd.analysis.engine import Analyzer
 from soakd.client.openai import OpenAIClient
 from soakd.config import SoakConfig
+from soakd.core.findings import finding_log
 from soakd.core.records import OUTCOMES
+from soakd.core.verdict import RunVerdict
 from soakd.core.timeline import SYSTEM_CLOCK, Clock, Timeline
 from soakd.metrics import SoakMetrics
 from soakd.report import write_final_reports
@@ -44,12 +46,12 @@ from soakd.soak.events import EventLog
 from soakd.soak.wedge import WedgeWatch
 from soakd.analysis.ab import AbJudge
 from soakd.soak.exporter import AbExporter, AnalysisExporter
-from soakd.soak.peers import Peer, PeerPipeline, peers_status
+from soakd.soak.target_run import TargetRun
 from soakd.soak.pipeline import WindowPipeline
 from soakd.soak.quiesce import QuiesceProber
 from soakd.soak.recorder import Recorder, RecordListener
 from soakd.soak.selfwatch import CgroupCpu
-from soakd.soak.session import RunSession, read_baseline
+from soakd.soak.session import GRACEFUL_STOPS, RunSession, read_baseline
 from soakd.soak.status import Load, StatusBoard
 from soakd.soak.target import resolve_model
 from soakd.soak.telemetry import TelemetryRouter
@@ -71,7 +73,7 @@ class RunOutcome:
 
     run_id: str
     stop_reason: str
-    verdict: dict[str, Any] | None = None
+    verdict: RunVerdict | None = None
     requests_sent: int = 0
     requests_measured: int = 0
     warmup_requests: int = 0
@@ -82,7 +84,7 @@ class RunOutcome:
 
     @property
     def graceful_stop(self) -> bool:
-        return self.stop_reason in ("SIGTERM", "SIGINT")
+        return self.stop_reason in GRACEFUL_STOPS
 
 
 class Runtime:
@@ -93,58 +95,58 @@ class Runtime:
         self.clock = clock
         self.policies = config.policies()
         self.record_listeners = record_listeners
-        self.target_cfgs = config.target_list()  # the reference (or only) target first
-        primary = self.target_cfgs[0]
-        self.api_key = config.api_key(primary)  # ConfigError when configured but missing
+        target_cfgs = config.target_list()  # the reference (or only) target first
         baseline = (read_baseline(config.analysis.baseline, config.analysis.drift.min_requests)
                     if config.analysis.baseline is not None else None)
         self.scenarios = resolve_all(config)
         slos = config.slos()
         self.slos = {name: (slo.ttft, slo.itl, slo.e2e) for name, slo in slos.items()}
         objectives = {name: slo.quantile for name, slo in slos.items()}
-        self.metrics = SoakMetrics(tuple(self.scenarios), __version__, slo_objectives=objectives, target=primary.name)
         self.session = RunSession(config, new_run=new_run, clock=clock)
         self.events = EventLog(self.session, clock)
         planned = max(1, math.ceil(config.run.duration / config.run.window))
-        candidates = len(self.target_cfgs) - 1
-        self.analyzer = Analyzer(config.analysis, on_event=self.events.emit, baseline=baseline,
-                                 planned_windows=planned, candidates=candidates)
+        candidates = len(target_cfgs) - 1
+        # an A/B run: the judge of every other target against the reference, a detector of the reference's analysis
+        judge = (AbJudge(config.analysis, target_cfgs[0].name, [t.name for t in target_cfgs[1:]], planned)
+                 if candidates else None)
+        self.targets: list[TargetRun] = []
+        for i, t in enumerate(target_cfgs):  # one path per target (soakd.soak.target_run)
+            ref = i == 0
+            metrics = SoakMetrics(tuple(self.scenarios), __version__, slo_objectives=objectives, target=t.name)
+            analyzer = Analyzer(config.analysis, on_event=self.events.emit if ref else self._target_event(t.name),
+                                baseline=baseline if ref else None, planned_windows=planned, candidates=candidates,
+                                ab=judge if ref else None)
+            pipeline = WindowPipeline(self.session, analyzer, self.events, metrics, target=None if ref else t.name,
+                                      ab=None if ref else self.targets[0].analyzer)
+            client = OpenAIClient(t, config.api_key(t), pool_size=self._pool_size(config))  # ConfigError: key missing
+            self.targets.append(TargetRun(t, client, metrics, analyzer, pipeline, reference=ref))
+        primary = self.targets[0]
+        self.metrics, self.analyzer, self.client, self.pipeline = primary.metrics, primary.analyzer, primary.client, \
+            primary.pipeline
+        self.api_key = config.api_key(primary.cfg)
+        for t in self.targets:
+            self.metrics.target_sources.append((t.name, AnalysisExporter(t.analyzer)))
+            if not t.reference:
+                self.metrics.peers.append(t.metrics)
         self.wedge: WedgeWatch | None = None  # set with the load (soakd.soak.wedge)
-        self.pipeline = WindowPipeline(self.session, self.analyzer, self.events, self.metrics,
-                                       on_window=lambda w: self._ab_window(primary.name, w))
-        # A/B: the other targets, each with its own client, metrics and analysis (soakd.soak.peers)
-        self.peers: list[Peer] = []
-        for t in self.target_cfgs[1:]:
-            pm = SoakMetrics(tuple(self.scenarios), __version__, slo_objectives=objectives, target=t.name)
-            pa = Analyzer(config.analysis, on_event=self._peer_event(t.name), planned_windows=planned,
-                          candidates=candidates)
-            self.metrics.peers.append(pm)
-            self.metrics.target_sources.append((t.name, AnalysisExporter(pa)))
-            self.peers.append(Peer(t, OpenAIClient(t, config.api_key(t), pool_size=self._pool_size(config)), pm, pa))
-        self.ab = (AbJudge(config.analysis, primary.name, [p.name for p in self.peers], planned)
-                   if self.peers else None)
-        self.peer_pipeline = PeerPipeline(self.peers, self._save_peer_window, self._ab_window)
         self.runners = [SamplerRunner(s, interval) for s, interval in build_samplers(config, nvml_module=nvml_module)]
         self.telemetry = TelemetryRouter(self.runners)
         self.metrics.sources.append(SnapshotCollector(self.runners))
-        self.metrics.target_sources.append((self.metrics.target, AnalysisExporter(self.analyzer)))
-        if self.ab is not None:
-            self.metrics.sources.append(AbExporter(self.ab))
+        if judge is not None:
+            self.metrics.sources.append(AbExporter(self.analyzer))
         self.status = StatusBoard(config, session=self.session, metrics=self.metrics, runners=self.runners,
                                   analyzer=self.analyzer, clock=clock)
-        if self.peers:
-            self.status.other_targets = lambda: peers_status(self.peers, self.ab)
+        if candidates:
+            self.status.other_targets = self._targets_status
         self.heartbeat = Heartbeat()
         self.cgroup = CgroupCpu()
         self.registry = self.metrics.registry()
         self.web = WebServer(build_app(self.registry, self.status.status, self.status.ready, self.heartbeat),
                              config.metrics.host, config.metrics.port)
-        self.client = OpenAIClient(primary, self.api_key, pool_size=self._pool_size(config))
         # the wedge watch's GET /models: its own connection, never queued behind the stuck streams
-        self.probe_client = OpenAIClient(primary, self.api_key, pool_size=1)
+        self.probe_client = OpenAIClient(primary.cfg, self.api_key, pool_size=1)
         self.progress = (progress if progress is not None
                          else (config.log.progress if config.log.progress is not None else sys.stderr.isatty()))
-        self.load: Load | None = None
         self.quiesce: QuiesceProber | None = None
         self.canary: CanaryRunner | None = None
         self.stop_reason = ""
@@ -156,23 +158,30 @@ class Runtime:
         return (load.effective_concurrency * max(sc.burst_size for sc in self.scenarios.values())
                 if load.closed_loop else load.max_in_flight)
 
-    # ---- A/B
-    def _peer_event(self, name: str) -> Any:
+    # ---- the targets
+    def _target_event(self, name: str) -> Any:
+        """An A/B run's other target: its analysis's events, named and tagged with the target."""
         def emit(kind: str, severity: str, message: str, data: dict[str, Any], window: int | None) -> None:
             self.events.emit(kind, severity, f"[{name}] {message}", {**data, "target": name}, window)
         return emit
 
-    async def _save_peer_window(self, name: str, w: Any) -> None:
-        if self.session.store is not None:
-            await self.session.store.save_target_window(self.run_id, name, w)
-
-    def _ab_window(self, name: str, w: Any) -> None:
-        """A closed window of target ``name``: the A/B comparisons it completes, as findings."""
-        if self.ab is not None:
-            self.analyzer.add_ab(self.ab.add(name, w))
+    def _targets_status(self) -> list[dict[str, Any]]:
+        ab = self.analyzer.ab.state() if self.analyzer.ab is not None else None
+        out = []
+        for t in self.targets[1:]:
+            st = t.status()
+            st["ab"] = {m: {"ratio": r.ratio, "ci": r.ci, "tier": r.tier, "window": r.window}
+                        for (m, cand), r in sorted(ab.last.items()) if cand == t.name} if ab is not None else {}
+            out.append(st)
+        return out
 
     def _loads(self) -> list[Load]:
-        return [ld for ld in (self.load, *(p.load for p in self.peers)) if ld is not None]
+        return [t.load for t in self.targets if t.load is not None]
+
+    @property
+    def load(self) -> Load | None:
+        """The reference target's load (the samplers, probes and the canary follow it)."""
+        return self.targets[0].load
 
     @property
     def run_id(self) -> str:
@@ -206,18 +215,14 @@ class Runtime:
         cfg = self.config
         await self.session.open()
         if self.session.resumed:
-            self.analyzer.restore(self.session.windows, self.session.baseline)
+            found = await self.session.findings()  # what the earlier segments found, per target
+            self.analyzer.restore(self.session.windows, self.session.baseline, found.get(None, []))
             self.status.model = self.status.model or self.session.model
-            if self.peers and self.session.store is not None:
+            if len(self.targets) > 1 and self.session.store is not None:
                 earlier = await self.session.store.load_target_windows(self.run_id)
-                for p in self.peers:
-                    p.analyzer.restore(earlier.get(p.name, []), None)
-                if self.ab is not None:
-                    for w in self.session.windows:
-                        self.ab.windows[self.ab.reference][w.window] = w
-                    for p in self.peers:
-                        for w in earlier.get(p.name, []):
-                            self.ab.windows[p.name][w.window] = w
+                for t in self.targets[1:]:
+                    t.analyzer.restore(earlier.get(t.name, []), None, found.get(t.name, []))
+                    self.analyzer.restore_target(t.name, earlier.get(t.name, []))
         try:
             await self.web.start()
         except OSError as exc:
@@ -241,14 +246,14 @@ class Runtime:
                 reason = self.stop_reason or "target_unreachable"
                 log.info("soakd_finished", run_id=self.run_id, stop_reason=reason, requests_measured=0)
                 return self._outcome(reason)
-            self.status.model = model
-            for p in self.peers:
-                p.model = await resolve_model(p.client, p.cfg, p.cfg.model, has_key=bool(p.client.headers.get(
-                    "Authorization")), stop=self._stop_requested, give_up_after=cfg.run.duration)
-                if p.model is None:
+            self.status.model = self.targets[0].model = model
+            for t in self.targets[1:]:
+                t.model = await resolve_model(t.client, t.cfg, t.cfg.model, has_key=t.has_key,
+                                              stop=self._stop_requested, give_up_after=cfg.run.duration)
+                if t.model is None:
                     self.status.phase = "done"
                     reason = self.stop_reason or "target_unreachable"
-                    log.info("soakd_finished", run_id=self.run_id, stop_reason=reason, target=p.name,
+                    log.info("soakd_finished", run_id=self.run_id, stop_reason=reason, target=t.name,
                              requests_measured=0)
                     return self._outcome(reason)
             await self.session.start(model, self._server_kind())
@@ -267,12 +272,7 @@ class Runtime:
             self.status.phase = "done"
             now = self.clock.monotonic()
             self.status.tick(now)
-            self.load.recorder.account_outage(now)
-            self.pipeline.submit(self.load.windows.close_due(now, final=True))
-            for p in self.peers:
-                if p.load is not None:
-                    p.load.recorder.account_outage(now)
-                    self.peer_pipeline.submit(p, p.load.windows.close_due(now, final=True))
+            self._close_due(now, final=True)
             return await self._finish(self.stop_reason)
         finally:
             scheduler.shutdown(wait=False)
@@ -284,10 +284,9 @@ class Runtime:
             if self.progress:
                 sys.stderr.write("\n")
                 sys.stderr.flush()
-            await self.client.close()
+            for t in self.targets:
+                await t.client.close()
             await self.probe_client.close()
-            for p in self.peers:
-                await p.client.close()
             await self.heartbeat.stop()
             await self.web.stop()
             await self.session.close()
@@ -305,42 +304,36 @@ class Runtime:
             return WindowSet(timeline, confidence=cfg.analysis.drift.confidence, patience=self.policies.close_patience,
                              clock=clock, client=cfg.analysis.client, kv_saturated_ratio=cfg.analysis.kv_saturated.ratio)
 
-        windows = window_set()
-        # soakd's own health into its windows (every target's): every heartbeat of the loop
-        all_windows = [windows]
+        # the same timeline and seed for every target: the same traffic at the same moments
+        for t in self.targets:
+            assert t.model is not None
+            ws = window_set()
+            ws.segment = self.session.segment
+            rec = Recorder(t.metrics, ws, clock, slos=self.slos)
+            if t.reference:
+                rec.on_target_change(self.status.target_changed)
+                rec.on_connection_dropped(self.status.connection_dropped)
+                for listener in self.record_listeners:
+                    rec.add_listener(listener)
+            rec.set_target_up(True)
+            drv = LoadDriver(cfg.load, t.client, Workload(self.scenarios, cfg.load.mix, t.model, cfg.run.seed), rec,
+                             timeline, max_requests=cfg.run.max_requests, seed=cfg.run.seed, clock=clock)
+            t.load = Load(timeline, ws, rec, drv)
 
-        def on_beat(_t: float, lag: float, cpu: float) -> None:
+        def on_beat(_t: float, lag: float, cpu: float) -> None:  # soakd's own health into every target's windows
             now = clock.monotonic()
-            for ws in all_windows:
-                ws.add_lag(now, lag, cpu)
+            for ld in self._loads():
+                ld.windows.add_lag(now, lag, cpu)
 
         self.heartbeat.on_beat = on_beat
-        windows.segment = self.session.segment
-        recorder = Recorder(self.metrics, windows, clock, slos=self.slos)
-        recorder.on_target_change(self.status.target_changed)
-        recorder.on_connection_dropped(self.status.connection_dropped)
-        for listener in self.record_listeners:
-            recorder.add_listener(listener)
-        recorder.set_target_up(True)
-        workload = Workload(self.scenarios, cfg.load.mix, model, cfg.run.seed)
-        driver = LoadDriver(cfg.load, self.client, workload, recorder, timeline, max_requests=cfg.run.max_requests,
-                            seed=cfg.run.seed, clock=clock)
-        self.load = self.status.load = Load(timeline, windows, recorder, driver)
+        assert self.load is not None
+        windows, recorder, driver = self.load.windows, self.load.recorder, self.load.driver
+        self.status.load = self.load
         self.wedge = WedgeWatch(recorder, self.probe_client.list_models, self.analyzer, self.metrics.engine_wedged,
                                 kv_gauge=self.metrics.kv_cache_saturated,
                                 window_at=lambda ago: timeline.window_at(clock.monotonic() - ago))
         for server in (r for r in self.runners if r.name == "server"):  # the server's own token counter, each scrape
             self.wedge.follow(server)
-        for p in self.peers:  # the same timeline and seed: the same traffic at the same moments
-            assert p.model is not None
-            pw = window_set()
-            pw.segment = self.session.segment
-            all_windows.append(pw)
-            prec = Recorder(p.metrics, pw, clock, slos=self.slos)
-            prec.set_target_up(True)
-            pdrv = LoadDriver(cfg.load, p.client, Workload(self.scenarios, cfg.load.mix, p.model, cfg.run.seed), prec,
-                              timeline, max_requests=cfg.run.max_requests, seed=cfg.run.seed, clock=clock)
-            p.load = Load(timeline, pw, prec, pdrv)
         self.telemetry.attach(windows, lambda: driver.paused)
         if cfg.analysis.canary.enabled:
             canary = Canary(cfg.analysis.canary, self.client, model, reference=self.session.canary_reference)
@@ -363,21 +356,13 @@ class Runtime:
 
     async def _finish(self, reason: str) -> RunOutcome:
         """The last windows, the verdict, the end of the segment (and of the run), the reports."""
-        await self.pipeline.drain()
-        await self.peer_pipeline.drain()
-        if self.ab is not None:  # the run-level A/B comparison: part of the reference's verdict
-            run_ab = self.ab.run_results()
-            self.analyzer.ab_run = [r.to_dict() for r in run_ab]
-            self.analyzer.add_ab(run_ab)
-        verdict = self.analyzer.verdict().to_dict()
-        if self.peers:  # each target judged against its own baseline too
-            verdict["targets"] = {}
-            for p in self.peers:
-                pv = p.analyzer.verdict()
-                verdict["targets"][p.name] = {"result": pv.result, "reasons": pv.reasons}
-                verdict["reasons"] += [f"[{p.name}] {r}" for r in pv.reasons]
-            if verdict["reasons"]:
-                verdict["passed"], verdict["result"] = False, "FAIL"
+        for t in self.targets:
+            await t.pipeline.drain()
+        verdict = self.analyzer.verdict()  # the run-level A/B comparison is the reference's A/B detector's
+        if len(self.targets) > 1:  # each target judged against its own baseline too
+            verdict = verdict.with_targets({t.name: t.analyzer.verdict() for t in self.targets[1:]})
+        if reason in GRACEFUL_STOPS:  # the run stays resumable: the verdict so far
+            verdict = verdict.model_copy(update={"interim": True})
         await self.events.flush()  # the end-of-run findings
         if self.session.store is not None:
             await self.session.add_samples(self.telemetry.take_pending())
@@ -386,16 +371,19 @@ class Runtime:
             await write_final_reports(self.config.run.state_dir, self.run_id, self.config.run.junit)
         out = self._outcome(reason, verdict)
         elapsed = self.load.timeline.elapsed(self.clock.monotonic()) if self.load is not None else 0.0
+        report = self.config.run.state_dir / self.run_id / "report.json"
         log.info("soakd_finished", run_id=self.run_id, stop_reason=reason, elapsed=round(elapsed, 3),
                  requests_sent=out.requests_sent,
                  requests_measured=out.requests_measured, warmup_requests=out.warmup_requests,
                  outcomes={k: v for k, v in out.outcomes.items() if v}, windows=out.windows,
-                 verdict=verdict.get("result"), reasons=verdict.get("reasons"),
+                 verdict=verdict.result, exit_code=verdict.exit_code, interim=verdict.interim,
+                 reasons=verdict.reasons, causes=verdict.cause_lines(),
+                 failing=[finding_log(f) for f in verdict.failing][:20],
                  prompt_length_accuracy=out.prompt_length_accuracy,
-                 report=str(self.config.run.state_dir / self.run_id / "report.json"))
+                 report=str(report) if report.is_file() else None)
         return out
 
-    def _outcome(self, reason: str, verdict: dict[str, Any] | None = None) -> RunOutcome:
+    def _outcome(self, reason: str, verdict: RunVerdict | None = None) -> RunOutcome:
         rec = self.load.recorder if self.load is not None else None
         m = self.metrics
         return RunOutcome(
@@ -461,22 +449,21 @@ class Runtime:
                 pol.canary_first_after)
 
     async def _tick(self) -> None:
-        """Progress, the outage so far, the windows that are due: through the pipeline."""
-        ld = self.load
-        if ld is None or self.status.phase == "done":  # after the final close: nothing is due
+        """Progress, the outage so far, the windows that are due: through each target's pipeline."""
+        if self.load is None or self.status.phase == "done":  # after the final close: nothing is due
             return
         now = self.clock.monotonic()
         self.status.tick(now)
-        ld.recorder.account_outage(now)
-        self.pipeline.submit(ld.windows.close_due(now))
-        await self.pipeline.drain()
-        for p in self.peers:
-            if p.load is not None:
-                p.load.recorder.account_outage(now)
-                self.peer_pipeline.submit(p, p.load.windows.close_due(now))
-        if self.peers:
-            await self.peer_pipeline.drain()
-            await self.events.flush()
+        self._close_due(now)
+        for t in self.targets:
+            await t.pipeline.drain()
+
+    def _close_due(self, now: float, final: bool = False) -> None:
+        """Every target's outage so far and the windows that are due, into its pipeline."""
+        for t in self.targets:
+            if t.load is not None:
+                t.load.recorder.account_outage(now)
+                t.pipeline.submit(t.load.windows.close_due(now, final=final))
 
     async def _cgroup(self) -> None:
         """CFS throttling of soakd's own cgroup since the last second, into the open window."""

@@ -17,6 +17,15 @@ moves both targets alike and cancels in ``d``; what the pairing cannot cancel st
 * **The run**: the mean of the paired differences over every window both targets had eligible,
   with a Student-t interval from their spread (Bonferroni over metrics × candidates): the
   headline "mi300x e2e_p95 +9.8% (CI +7.1%..+12.6%) vs h100".
+* **Segments** (``segment_results``; ``soakd compare`` fails on them): a difference that begins
+  half-way through the run is diluted in the run's mean, and its step inflates the spread that
+  mean's interval is built from. So the paired series of differences gets the change points of
+  ``changes.judge_run`` (PELT on the standardised series, the noise floor from the successive
+  differences that straddle no change point), and each segment's mean difference is compared with
+  0 (A itself is the reference) with a Student-t interval at the Satterthwaite degrees of freedom
+  (``changes.segment_difference``), Bonferroni over metrics × segments × candidates: a second
+  run-level family beside the run's. A series without a change point has no segments: the run's
+  row is its judgement.
 """
 
 from __future__ import annotations
@@ -28,13 +37,13 @@ from typing import Any
 
 from scipy.stats import t as student_t
 
-from soakd.analysis.changes import _ratio, _tier, live_z, tau2_upper
+from soakd.analysis.changes import _ratio, _tier, change_points, live_z, segment_difference, tau2_upper
 from soakd.analysis.levels import Level, level
 from soakd.config import AnalysisConfig
 from soakd.core.summary import WindowSummary
 from soakd.core.tracked import METRICS
 
-__all__ = ["AbJudge", "AbResult"]
+__all__ = ["AbJudge", "AbResult", "AbSegment"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,36 @@ class AbResult:
         return (f"{self.target} {self.metric} {f(self.ratio)} (CI {f(self.ci[0])}..{f(self.ci[1])}) vs "
                 f"{self.reference} over {where}: {self.tier or 'no'} {self.direction}, threshold "
                 f"{f(self.threshold)[1:]}")
+
+
+@dataclass(frozen=True)
+class AbSegment:
+    """A run of consecutive paired windows (between change points of the paired differences) whose
+    mean difference, candidate against reference, is judged on its own."""
+
+    target: str
+    reference: str
+    metric: str
+    first_window: int
+    last_window: int
+    windows: int  # paired windows in it
+    ratio: float
+    ci: tuple[float, float]
+    tier: str | None  # confident | likely | None
+    direction: str  # worse | better | same
+    threshold: float
+    value: float  # the candidate's mean value over the segment
+    reference_value: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ci": list(self.ci)}
+
+    def message(self) -> str:
+        absolute = METRICS[self.metric].absolute
+        f = (lambda x: f"{x * 100:+.1f}pp") if absolute else (lambda x: f"{x * 100:+.1f}%")
+        return (f"{self.target} {self.metric} {f(self.ratio)} (CI {f(self.ci[0])}..{f(self.ci[1])}) vs "
+                f"{self.reference} in windows {self.first_window}..{self.last_window}: {self.tier or 'no'} "
+                f"{self.direction}, threshold {f(self.threshold)[1:]}")
 
 
 def _direction(metric: str, side: int) -> str:
@@ -102,9 +141,11 @@ class AbJudge:
         return [Level(lc.window, lc.y - lr.y, lr.var + lc.var, lc.value, min(lr.n, lc.n)) for lr, lc in pairs]
 
     # ---- per window
-    def add(self, target: str, window: WindowSummary) -> list[AbResult]:
-        """A closed window of ``target``: the comparisons it completes (one per candidate and metric)."""
-        if target not in self.windows or window.revision:
+    def add(self, target: str, window: WindowSummary, *, final: bool = False) -> list[AbResult]:
+        """A closed window of ``target``: the comparisons it completes (one per candidate and metric).
+        A revision of a window already judged is ignored, unless ``final`` (offline, ``soakd compare``:
+        a report holds each window's last revision, the complete one)."""
+        if target not in self.windows or (window.revision and not final):
             return []
         self.windows[target][window.window] = window
         k = window.window
@@ -138,6 +179,11 @@ class AbJudge:
                         (_ratio(metric, cur.y - half), _ratio(metric, cur.y + half)), tier, _direction(metric, side),
                         thr, 1, lc.value, lr.value)
 
+    def paired(self, cand: str, metric: str) -> list[Level]:
+        """The candidate's paired differences from the reference (``y_cand - y_ref``, variance the sum
+        of both windows'), over every window both had eligible with ``metric``, in window order."""
+        return self._diffs(self._pairs(cand, metric))
+
     # ---- the run
     def run_results(self) -> list[AbResult]:
         """Per candidate and metric: the mean paired difference over the run, with its interval."""
@@ -168,3 +214,39 @@ class AbJudge:
                                     _direction(metric, side), thr, n,
                                     mc if spec.absolute else math.exp(mc), mr if spec.absolute else math.exp(mr)))
         return out
+
+    # ---- segments of the run
+    def segment_results(self) -> tuple[list[AbSegment], dict[tuple[str, str], list[int]]]:
+        """Per candidate and metric, the segments between change points of the paired differences,
+        each judged against the reference (see the module docstring); and the change points, the
+        first windows of the segments after the first, per (metric, candidate)."""
+        out: list[AbSegment] = []
+        points: dict[tuple[str, str], list[int]] = {}
+        alpha = 1.0 - self.cfg.drift.confidence
+        family = max(1, len(self.cfg.drift.metrics)) * max(1, len(self.candidates))
+        for cand in self.candidates:
+            for metric in self.cfg.drift.metrics:
+                pairs = self._pairs(cand, metric)
+                diffs = self._diffs(pairs)
+                if len(diffs) < 4:
+                    continue
+                starts, tau2, df = change_points(diffs)
+                points[(metric, cand)] = [diffs[i].window for i in starts]
+                if not starts:
+                    continue
+                bounds = [0, *starts, len(diffs)]
+                p = 1.0 - alpha / (2.0 * family * (len(bounds) - 1))
+                thr = self.cfg.drift.threshold_for(metric)
+                spec = METRICS[metric]
+                for a, b in zip(bounds, bounds[1:]):
+                    part = diffs[a:b]
+                    d, half = segment_difference(part, 0.0, 0.0, 0, tau2, df, p)
+                    tier, side = _tier(metric, d, half, thr)
+                    mc = sum(lc.y for _lr, lc in pairs[a:b]) / len(part)
+                    mr = sum(lr.y for lr, _lc in pairs[a:b]) / len(part)
+                    out.append(AbSegment(cand, self.reference, metric, part[0].window, part[-1].window, len(part),
+                                         _ratio(metric, d), (_ratio(metric, d - half), _ratio(metric, d + half)),
+                                         tier, _direction(metric, side), thr,
+                                         mc if spec.absolute else math.exp(mc),
+                                         mr if spec.absolute else math.exp(mr)))
+        return out, points

@@ -29,11 +29,14 @@ __all__ = [
     "Change",
     "RunDrift",
     "Trend",
+    "change_points",
     "compare_levels",
     "format_change",
     "judge_run",
     "live_z",
     "mde",
+    "segment_difference",
+    "span_changes",
     "tau2_upper",
 ]
 
@@ -222,9 +225,33 @@ def _segments(series: list[Level], tau2: float) -> list[int]:
     return [e for e in ends if e < n]
 
 
+def change_points(series: list[Level]) -> tuple[list[int], float, int]:
+    """``(starts, tau2, df)``: where PELT starts new segments of ``series`` (indices), and the noise
+    floor with its degrees of freedom from the successive differences that straddle none of them."""
+    tau2_all, _ = between_variance(series)
+    starts = _segments(series, tau2_all)
+    tau2, df = between_variance(series, frozenset(s - 1 for s in starts))
+    return starts, tau2, df
+
+
+def segment_difference(part: list[Level], ref_y: float, ref_var: float, ref_windows: int, tau2: float, df: int,
+                       p: float) -> tuple[float, float]:
+    """``(d, half)``: the mean level of the segment ``part`` less the reference's ``ref_y`` (whose
+    variance ``ref_var`` already holds the noise floor of its ``ref_windows`` windows; 0 and 0 for a
+    fixed reference), and the half-width of its interval at the one-sided level ``p``: a Student-t
+    quantile at the Satterthwaite degrees of freedom of the variance (only its ``tau2`` part is
+    estimated, with ``df`` degrees of freedom)."""
+    k = len(part)
+    var = sum(lv.var + tau2 for lv in part) / k**2 + ref_var
+    tau_part = tau2 * (1.0 / k + (1.0 / ref_windows if ref_windows else 0.0))
+    dfe = math.inf if tau_part <= 0 or df <= 0 else df * (var / tau_part) ** 2
+    q = _t(p, dfe)
+    d = sum(lv.y for lv in part) / k - ref_y
+    return d, q * math.sqrt(var)
+
+
 def _t(p: float, df: float) -> float:
-    if df >= 1000 or not math.isfinite(df):
-        return NormalDist().inv_cdf(p)
+    """Student's t quantile (scipy: any df, the normal one at df = inf)."""
     return float(sps.t.ppf(p, max(1.0, df)))
 
 
@@ -235,15 +262,12 @@ def judge_run(windows: list[WindowSummary], pool_windows: list[int], cfg: DriftC
     m = max(1, len(cfg.metrics))
     pool_set = set(pool_windows)
     for metric in cfg.metrics:
-        spec = METRICS[metric]
         thr = cfg.threshold_for(metric)
         series = levels(windows, metric, cfg)
         pool = [lv for lv in series if lv.window in pool_set]
         if len(series) < len(pool) + 2 or not pool:
             continue
-        tau2_all, _ = between_variance(series)
-        starts = _segments(series, tau2_all)
-        tau2, df = between_variance(series, frozenset(s - 1 for s in starts))
+        starts, tau2, df = change_points(series)
         out.tau2[metric] = tau2
         out.change_points[metric] = [series[s].window for s in starts]
         bounds = [0, *starts, len(series)]
@@ -259,25 +283,10 @@ def judge_run(windows: list[WindowSummary], pool_windows: list[int], cfg: DriftC
                 part = [lv for lv in series[a:b] if lv.window > last_pool]
                 if part:
                     segs.append(part)
-        pool_y = sum(lv.y for lv in reference) / len(reference)
-        pool_var = sum(lv.var + tau2 for lv in reference) / len(reference) ** 2
         for part in segs:
-            k = len(part)
-            var = sum(lv.var + tau2 for lv in part) / k**2 + pool_var
-            # Satterthwaite: only the tau2 part of the variance is estimated (with df degrees of freedom)
-            tau_part = tau2 * (1.0 / k + 1.0 / len(reference))
-            dfe = math.inf if tau_part <= 0 or df <= 0 else df * (var / tau_part) ** 2
-            q = _t(1.0 - alpha / (2.0 * m * len(segs)), dfe)
-            d = sum(lv.y for lv in part) / k - pool_y
-            half = q * math.sqrt(var)
-            tier, side = _tier(metric, d, half, thr)
-            if tier is None:
-                continue
-            out.changes.append(Change(
-                metric=metric, window=part[0].window, end_window=part[-1].window, start_unix=part[0].start_unix,
-                ratio=_ratio(metric, d), ci=(_ratio(metric, d - half), _ratio(metric, d + half)), tier=tier,
-                direction="degraded" if (side > 0) == spec.higher_is_worse else "improved", windows=k, threshold=thr,
-            ))  # fmt: skip
+            c = _segment_change(metric, part, reference, tau2, df, alpha / (2.0 * m * len(segs)), thr)
+            if c is not None:
+                out.changes.append(c)
         changes = [c for c in out.changes if c.metric == metric]
         trend = _trend(metric, series, alpha / m, thr)
         if changes and trend is not None:
@@ -289,6 +298,59 @@ def judge_run(windows: list[WindowSummary], pool_windows: list[int], cfg: DriftC
                 trend = None
         if trend is not None:
             out.trends.append(trend)
+    return out
+
+
+def _segment_change(metric: str, part: list[Level], reference: list[Level], tau2: float, df: int, tail: float,
+                    thr: float) -> Change | None:
+    """A segment's mean level against the reference's (``segment_difference``), two-sided at ``tail``
+    (the family-corrected alpha / 2): a change of a tier, or None."""
+    spec = METRICS[metric]
+    ref_y = sum(lv.y for lv in reference) / len(reference)
+    ref_var = sum(lv.var + tau2 for lv in reference) / len(reference) ** 2
+    d, half = segment_difference(part, ref_y, ref_var, len(reference), tau2, df, 1.0 - tail)
+    tier, side = _tier(metric, d, half, thr)
+    if tier is None:
+        return None
+    return Change(
+        metric=metric, window=part[0].window, end_window=part[-1].window, start_unix=part[0].start_unix,
+        ratio=_ratio(metric, d), ci=(_ratio(metric, d - half), _ratio(metric, d + half)), tier=tier,
+        direction="degraded" if (side > 0) == spec.higher_is_worse else "improved", windows=len(part), threshold=thr,
+    )  # fmt: skip
+
+
+def span_changes(windows: list[WindowSummary], pool_windows: list[int], cfg: DriftConfig,
+                 spans: list[tuple[int, int]], skip: set[tuple[str, int, int]] = frozenset()
+                 ) -> list[tuple[tuple[int, int], Change]]:
+    """Every tracked metric over each of ``spans`` (first, last window: the spans of the run's change
+    points) against the pool, as ``judge_run`` tests a segment: what else moved in the same windows. The
+    family is metrics x spans; ``skip``: (metric, first, last) already judged. ``(span, change)`` for the
+    changes of a tier (the change's own windows are the metric's levels inside the span)."""
+    out: list[tuple[tuple[int, int], Change]] = []
+    if not spans:
+        return out
+    alpha = 1.0 - cfg.confidence
+    m = max(1, len(cfg.metrics))
+    pool_set = set(pool_windows)
+    for metric in cfg.metrics:
+        series = levels(windows, metric, cfg)
+        pool = [lv for lv in series if lv.window in pool_set]
+        if not pool or len(series) < len(pool) + 2:
+            continue
+        last_pool = max(lv.window for lv in pool)
+        # the differences that straddle a span's edges carry its step, not the noise
+        breaks = frozenset(i for i in range(len(series) - 1) for a, b in spans
+                           if series[i].window < a <= series[i + 1].window or series[i].window <= b < series[i + 1].window)
+        tau2, df = between_variance(series, breaks)
+        for a, b in spans:
+            if (metric, a, b) in skip:
+                continue
+            part = [lv for lv in series if a <= lv.window <= b and lv.window > last_pool]
+            if not part:
+                continue
+            c = _segment_change(metric, part, pool, tau2, df, alpha / (2.0 * m * len(spans)), cfg.threshold_for(metric))
+            if c is not None:
+                out.append(((a, b), c))
     return out
 
 

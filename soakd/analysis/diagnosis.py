@@ -1,171 +1,29 @@
-"""Diagnosis: map a window's findings onto the method's troubleshooting table.
-
-Rules (one window at a time; pure, no I/O):
-
-================================  =============================  ===========================================
-evidence                          diagnosis                      rule
-================================  =============================  ===========================================
-target down + failed requests     ``target restarted``           ``target_down_seconds > 0`` (soakd_target_up
-                                                                 was 0); critical when requests failed
-                                                                 (connection_error, http_error, timeout);
-                                                                 the window's degraded throughput and
-                                                                 error-rate drift is the outage's
-timeouts                          ``overload``                   timeout share > ``timeout_share`` while the
-                                                                 target stayed up; queue depth as evidence
-invalid responses                 ``garbled output``             any ``invalid_response``; critical above
-                                                                 ``invalid_share_critical``
-HTTP / connection errors          ``server errors``              share > ``error_share`` with the target up
-performance drift + throttling    ``throttling``                 a degraded latency/throughput drift and a
-                                                                 detected throttle reason in the same window
-throttling alone                  ``throttling``                 warning: no measurable latency impact (yet)
-long context slower than chat     ``bandwidth or cache           see below
-                                  pressure``
-growing idle KV residue,          ``KV cache not released``      ``kv_residue`` or ``kv_cache`` suspected
-growing KV usage at same load
-KV pinned full, no tokens         ``KV cache saturated``         ``soakd.analysis.kvsat`` (window close and
-                                                                 the live wedge watch)
-growing device / process memory   ``memory leak``                ``device_memory``, ``target_gpu_memory`` or
-                                                                 ``target_rss`` suspected
-memory in steps, KV flat          ``memory steps``               a byte source's pattern is ``staircase`` (two
-                                                                 steps or more, flat plateaus, not projected
-                                                                 to run out within the budget) and KV usage is
-                                                                 flat (``LeakResult.memory_steps``); warning
-other degraded drift              ``performance drift``          degraded drift no rule above explains
-================================  =============================  ===========================================
-
-Long context vs short chat: for ``e2e_p95`` and ``ttft_p95``, the ``long_context`` scenario
-of the window is compared with the same scenario of the baseline (``drift.compare`` with the
-drift threshold and confidence) and so is ``short_chat``. The rule fires when long context
-has drifted (status ``drift``, degraded: rise above the threshold with confidence) **and** it
-rose more than short chat by more than the threshold, ``rel = (1 + r_long) / (1 + r_short) - 1
-> threshold``, **and** rose more than short chat with confidence (the interval of ``rel``, from
-the two ratio intervals by ``stats.ratio_ci``, lies above 0). Uniform slow-downs (throttling,
-a slower build) raise both alike; a long-context-only rise points at memory bandwidth or cache
-misses (prefix cache, KV-cache eviction and recomputation).
+"""Diagnosis: a window's findings mapped onto the method's troubleshooting table — outages, errors,
+throttling, bandwidth pressure, leaks, SLO goodput, performance drift (one window at a time; pure,
+no I/O). The rules, and the long-context-versus-short-chat test, are in docs/analysis.md#derivation-diagnosispy;
+each diagnosis's words (what is seen, what to check) are its registry entry (``soakd.core.findings``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
 
 from soakd.analysis.drift import DriftResult, compare
 from soakd.analysis.leak import LeakResult
 from soakd.analysis.stats import ratio_ci
 from soakd.analysis.throttle import ThrottleResult
 from soakd.config.analysis import DiagnosisConfig, DriftConfig
+from soakd.core.findings import DIAGNOSES as REGISTRY
+from soakd.core.findings import Finding, Severity
 from soakd.core.summary import WindowSummary
 from soakd.core.tracked import METRICS
 
-__all__ = ["DIAGNOSES", "TROUBLESHOOTING", "Finding", "diagnose"]
+__all__ = ["TROUBLESHOOTING", "Finding", "Severity", "diagnose"]
 
 Window = WindowSummary
-Kind = Literal["drift", "leak", "throttle", "canary", "errors", "freeze", "target", "ab", "gpu"]
-Severity = Literal["info", "warning", "critical"]
 
-# diagnosis -> (what is seen, what to check): the method's troubleshooting table, for the report.
-TROUBLESHOOTING: dict[str, tuple[str, str]] = {
-    "GPU Xid error": (
-        "the GPU driver reported a critical Xid event (NVML): the GPU faulted, whatever latency did",
-        "the Xid code's meaning and action (README: GPU errors), dmesg/journalctl -k, nvidia-smi -q, "
-        "nvidia-bug-report.sh",
-    ),
-    "uncorrectable ECC error": (
-        "new uncorrected (double-bit) ECC errors in device memory during the run",
-        "nvidia-smi -q -d ECC,ROW_REMAPPER (remapping pending: reset the GPU); repeated errors: replace the GPU",
-    ),
-    "throttling": (
-        "latency or throughput drift while a power or thermal clocks-event reason is active",
-        "cooling (airflow, inlet temperature), power cap and power-brake settings, SM clock history",
-    ),
-    "KV cache not released": (
-        "memory that keeps rising: idle KV usage that does not return to its first idle value",
-        "request cancellation and abort paths, prefix-cache eviction, server version",
-    ),
-    "memory leak": (
-        "device or process memory that keeps rising at the same load",
-        "allocator caching, CUDA graphs per new shape, host-side buffers, server version",
-    ),
-    "memory steps": (
-        "device or process memory that grew in discrete steps with flat plateaus between them while KV-cache "
-        "usage stayed flat: allocator growth or a CUDA graph captured per new batch shape or sequence length, "
-        "not a linear leak",
-        "the server's graph-capture sizes (vLLM cudagraph_capture_sizes, --enforce-eager to compare), the "
-        "allocator (PYTORCH_CUDA_ALLOC_CONF expandable_segments), new max prompt/batch shapes at each step; "
-        "if the steps keep coming, cap the shapes or leave the headroom",
-    ),
-    "periodic drops": (
-        "latency that rises at a steady period (minutes to hours)",
-        "cooling cycles (fan curves, inlet temperature), power management, a periodic job on the host or cluster",
-    ),
-    "engine wedged": (
-        "requests in flight and not a byte from any of them (or the server's token counter still while it runs "
-        "requests) while the server still answers /health and /v1/models",
-        "the engine's logs and stack (py-spy dump of the engine core), a scheduler or collective deadlock, "
-        "GPU hangs (Xid); restart the server and note the uptime it wedged at",
-    ),
-    "KV cache saturated": (
-        "KV-cache usage pinned near 100% while the server runs requests and generates (almost) no tokens: out of "
-        "KV blocks, not deadlocked (soakd.analysis.kvsat)",
-        "preemptions (vllm:num_preemptions_total), leaked blocks (idle usage after a quiesce), admission and "
-        "max_num_seqs / max_num_batched_tokens against gpu_memory_utilization, prompt + output lengths vs the "
-        "cache; restart the server to free it",
-    ),
-    "server froze": (
-        "requests in flight and not a byte from any of them for seconds, while soakd's own loop was punctual",
-        "the server's logs and stack (py-spy dump), GPU hangs (Xid), a scheduler deadlock, a stuck collective",
-    ),
-    "target restarted": (
-        "an error burst while the target was down",
-        "server logs and exit codes, OOM kills, liveness-probe restarts",
-    ),
-    "overload": (
-        "requests timing out while the server stays up",
-        "concurrency vs the knee, server queue depth, max batch settings, timeouts",
-    ),
-    "garbled output": (
-        "invalid responses (replacement characters, empty output, degenerate repetition)",
-        "weights and quantisation, tokenizer, kernels of the new stack",
-    ),
-    "output changed": (
-        "the canary prompt (greedy, fixed seed) answered differently from its reference output",
-        "weights and quantisation, tokenizer, kernels of the new stack; batch-variant kernels when it changes "
-        "only under load",
-    ),
-    "server errors": (
-        "HTTP or connection errors while the target is up",
-        "API format differences, request limits (context length, max_tokens), server logs",
-    ),
-    "bandwidth or cache pressure": (
-        "long generations and long contexts slowing down faster than short chat",
-        "memory bandwidth, KV-cache evictions and recomputation, prefix-cache hit rate",
-    ),
-    "performance drift": (
-        "a tracked metric moved beyond its threshold with confidence, without a recognised cause",
-        "compare the window's device, server and error evidence with the baseline",
-    ),
-    "confident drift": (
-        "at the end of the run: a level that differs from the baseline beyond the threshold, with confidence, "
-        "from some window on",
-        "what changed at that time: a deploy, the driver, the thermal state, other tenants of the machine",
-    ),
-    "likely drift": (
-        "at the end of the run: a level beyond the threshold whose change is significant but whose interval "
-        "reaches inside the threshold (reported, not failing)",
-        "a longer run or more requests per window would settle it",
-    ),
-    "creep": (
-        "a level that moves steadily over the run (Mann-Kendall with autocorrelation, Sen's slope)",
-        "fragmentation, growing caches or queues, rising temperature",
-    ),
-    "power-capped, healthy": (
-        "a power or thermal clocks-event reason active with the SM clock and latency where they were at the "
-        "baseline",
-        "nothing: the GPU runs at its limit under full load",
-    ),
-}
-DIAGNOSES: tuple[str, ...] = tuple(TROUBLESHOOTING)
+# diagnosis -> (what is seen, what to check): the method's troubleshooting table, from the registry
+TROUBLESHOOTING: dict[str, tuple[str, str]] = {d.name: (d.seen, d.check) for d in REGISTRY.values()}
 
 _PERF_METRICS = frozenset(
     m for m, s in METRICS.items() if s.kind in ("quantile", "tokens_rate", "requests_rate")
@@ -175,19 +33,6 @@ _PERF_METRICS = frozenset(
 _OUTAGE_METRICS = frozenset(
     m for m, s in METRICS.items() if s.kind in ("tokens_rate", "requests_rate", "error_rate")
 )
-
-
-@dataclass(frozen=True)
-class Finding:
-    kind: Kind
-    diagnosis: str
-    severity: Severity
-    message: str
-    evidence: dict[str, Any] = field(default_factory=dict)
-    window: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _pct(x: float) -> str:
@@ -364,6 +209,16 @@ def diagnose(
         if r.memory_steps:
             out.append(Finding(kind="leak", diagnosis="memory steps", severity="warning", message=r.message(),
                                evidence={**r.to_dict(), "fails": False}, window=idx))  # fmt: skip
+
+    # --- the share of requests meeting their SLO fell: its own finding (kind slo)
+    slo = [r for r in _degraded(drift_results, frozenset({"goodput_ratio"})) if r.metric not in explained]
+    if slo:
+        explained |= {r.metric for r in slo}
+        out.append(Finding(
+            kind="slo", diagnosis="SLO goodput dropped", severity="warning",
+            message=f"window {idx}: requests meeting their SLO {_drift_text(slo)}",
+            evidence={"drift": [r.to_dict() for r in slo]}, window=idx,
+        ))  # fmt: skip
 
     # --- degraded drift that nothing above explains
     rest = [r for r in _degraded(drift_results, frozenset(METRICS)) if r.metric not in explained]

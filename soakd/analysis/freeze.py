@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from soakd.analysis.diagnosis import Finding
+from soakd.core.findings import Finding
 from soakd.config import AnalysisConfig
 from soakd.core.summary import WindowSummary as Window
 

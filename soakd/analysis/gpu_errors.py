@@ -17,7 +17,7 @@ The counters come from the window summaries (``DeviceSummary.gpu_errors``, per G
 
 from __future__ import annotations
 
-from soakd.analysis.diagnosis import Finding
+from soakd.core.findings import Finding
 from soakd.analysis.restarts import counter_increase
 from soakd.core.summary import WindowSummary as Window
 from soakd.core.xid import XID, describe

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 from scipy.signal import lombscargle
+from scipy.stats import f as f_dist
 
 from soakd.analysis.levels import eligible
 from soakd.core.summary import WindowSummary
@@ -89,7 +90,7 @@ def periodic_drops(windows: list[WindowSummary], *, min_period: float = 600.0, m
         if level <= 0:
             continue
         m = len(around)
-        p_one = (1.0 + float(power[i]) / level / m) ** (-m)
+        p_one = float(f_dist.sf(float(power[i]) / level, 2, 2 * m))
         if best_k is None or p_one < best_z:
             best_z, best_k = p_one, int(kk)
     if best_k is None or tested == 0:

@@ -11,9 +11,7 @@ also a restart quicker than soakd's requests noticed.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
-
-from soakd.analysis.diagnosis import Finding
+from soakd.core.findings import Finding
 from soakd.core.summary import WindowSummary as Window
 
 __all__ = ["ServerRestarts", "counter_increase", "restarts_by_window"]
@@ -44,7 +42,8 @@ class ServerRestarts:
                 "start time or counters that went down)")
         for i, f in enumerate(findings):
             if f.diagnosis == "target restarted":
-                findings[i] = replace(f, message=f"{f.message}; {what}", evidence={**f.evidence, "restarts": n})
+                findings[i] = f.model_copy(update={"message": f"{f.message}; {what}",
+                                                   "evidence": {**f.evidence, "restarts": n}})
                 return
         findings.append(Finding(kind="target", diagnosis="target restarted", severity="warning",
                                 message=what + "; its counters start again, its caches are cold",

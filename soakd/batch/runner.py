@@ -139,8 +139,8 @@ class BatchRunner:
             prior = None if self.new_batch else await store.latest_batch(sha)
             batch_id = prior[0] if prior else "batch_" + uuid.uuid4().hex[:12]
             if prior is None:
-                await store.create_batch(batch_id, str(self.input_path), sha, cfg.target.url,
-                                         {"batch": cfg.batch.model_dump(mode="json"), "target": cfg.target.url})
+                await store.create_batch(batch_id, str(self.input_path), sha, cfg.target.display_url,
+                                         {"batch": cfg.batch.model_dump(mode="json"), "target": cfg.target.display_url})
             finished = {it.custom_id: it for it in map(Item.from_row, await store.load_batch_items(batch_id))}
             # bad lines are read again from the input every time: into the error file, never sent
             todo = [ln for ln in good if ln.custom_id not in finished]

@@ -150,7 +150,7 @@ def request_headers(target: TargetConfig, api_key: str | None) -> dict[str, str]
     """The headers of every request to a target: JSON in, SSE or JSON out, the target's extra
     headers, the API key as ``Authorization: Bearer``. ``soakd run`` and ``soakd check`` share them."""
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream, application/json"}
-    headers.update(target.headers)
+    headers.update(target.header_values())
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     return headers

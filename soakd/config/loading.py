@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from pydantic_settings import EnvSettingsSource
 
 from soakd.config.model import ConfigError, SoakConfig
+from soakd.config.secrets import credential_header, mask_url
 
 # ---- loading: file < env < flags ------------------------------------------------------------
 
@@ -78,6 +79,15 @@ def _fmt_loc(loc: tuple[Any, ...]) -> str:
     return ".".join(str(p) for p in loc if not (isinstance(p, str) and p.startswith("function-"))) or "(top level)"
 
 
+def _secret_loc(loc: tuple[Any, ...]) -> bool:
+    """Whether the value at ``loc`` may be a credential (never echoed back): the simulator's key, what
+    was given as ``api_key_env``/``api_key_file`` (perhaps the key itself, by mistake), or the value of a
+    header that can carry one."""
+    parts = [str(p) for p in loc]
+    return any("api_key" in p for p in parts) or any(
+        a == "headers" and credential_header(b) for a, b in zip(parts, parts[1:]))
+
+
 def format_validation_error(exc: ValidationError, where: str = "") -> list[str]:
     lines = []
     for err in exc.errors(include_url=False):
@@ -85,9 +95,9 @@ def format_validation_error(exc: ValidationError, where: str = "") -> list[str]:
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown field (check the spelling; see examples/soak.yaml for every field)"
-        shown = err.get("input")
+        shown = mask_url(err.get("input"))
         value = ""
-        if err["type"] not in ("missing",) and not isinstance(shown, (dict, list)) and "api_key" not in loc:
+        if err["type"] not in ("missing",) and not isinstance(shown, (dict, list)) and not _secret_loc(err["loc"]):
             if repr(shown) not in msg:  # parse_duration's message already quotes the bad value
                 value = f" (got {shown!r})"
         for line in msg.split("\n"):

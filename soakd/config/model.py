@@ -2,7 +2,9 @@
 
 Loaded by ``soakd.config.loading`` (YAML file < environment ``SOAKD_*`` < command-line flags). Every error names the field path, the bad value and what is expected, all at once, before
 anything starts (``ConfigError``). Secrets (the API key) never live in the model: only where
-to read them from (``api_key_env`` / ``api_key_file``).
+to read them from (``api_key_env`` / ``api_key_file``). The credentials a configuration can hold
+(header values that carry one, a URL's user and password, the simulator's key) are typed as such
+(``soakd.config.secrets``) and masked by ``SoakConfig.redacted()``; nothing else is.
 
 Longer than 500 lines: every section a user can write (target, run, load, scenarios and their
 SLOs, samplers, sweep, batch, metrics, log) is declared here with its description, which the
@@ -19,9 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from soakd.config.analysis import AnalysisConfig
+from soakd.config.secrets import HeaderValue, Url, credential_header, mask_url, plain
 from soakd.config.sim import SimConfig
 from soakd.core.durations import Duration
 
@@ -67,8 +70,9 @@ class Validation(_Model):
 
 
 class TargetConfig(_Model):
-    url: str = Field(
-        "http://127.0.0.1:8000/v1", description="OpenAI base URL including /v1, e.g. http://127.0.0.1:8000/v1."
+    url: Url = Field(
+        "http://127.0.0.1:8000/v1", description="OpenAI base URL including /v1, e.g. http://127.0.0.1:8000/v1. "
+        "A user and password in it are shown as *** (--print-config, logs, /status, the report).",
     )
     model: str | None = Field(None, description="Model name; default: the first entry of GET /v1/models.")
     api_key_env: str | None = Field(None, description="Name of the environment variable holding the API key.")
@@ -79,7 +83,14 @@ class TargetConfig(_Model):
     max_connections: int | None = Field(
         None, ge=1, description="Connection pool size; default: sized to the load (max in flight)."
     )
-    headers: dict[str, str] = Field(default_factory=dict, description="Extra HTTP headers sent with every request.")
+    headers: dict[str, HeaderValue] = Field(
+        default_factory=dict,
+        description="Extra HTTP headers sent with every request. The values of headers that can carry a credential "
+        "are secrets, shown as ********** (--print-config, logs, /status, the report): Proxy-Authorization, "
+        "Cookie, X-Api-Key, api-key, and any name containing auth, cookie, token, key, secret, passw, credential, "
+        "session or signature (any case). Authorization is not allowed here: the API key comes from api_key_env "
+        "or api_key_file.",
+    )
     timeouts: Timeouts = Field(default_factory=Timeouts)
     validation: Validation = Field(default_factory=Validation)
 
@@ -91,12 +102,31 @@ class TargetConfig(_Model):
             raise ValueError("expected an http:// or https:// base URL such as http://127.0.0.1:8000/v1")
         return v
 
+    @field_validator("api_key_env")
+    @classmethod
+    def _api_key_env(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+            # perhaps the key itself: never echoed back (``format_validation_error``)
+            raise ValueError("expected the name of the environment variable that holds the API key "
+                             "(e.g. OPENAI_API_KEY), not the key itself")
+        return v
+
     @field_validator("headers")
     @classmethod
-    def _headers(cls, v: dict[str, str]) -> dict[str, str]:
+    def _headers(cls, v: dict[str, HeaderValue]) -> dict[str, HeaderValue]:
         if any(k.lower() == "authorization" for k in v):
             raise ValueError("do not put Authorization in headers; use api_key_env or api_key_file")
-        return v
+        # a credential by its header's name: a SecretStr from here on (masked wherever it is shown)
+        return {k: SecretStr(x) if isinstance(x, str) and credential_header(k) else x for k, x in v.items()}
+
+    def header_values(self) -> dict[str, str]:
+        """The extra headers as sent (credentials unwrapped)."""
+        return plain(self.headers)
+
+    @property
+    def display_url(self) -> str:
+        """The URL as logs, /status and the store show it: a user and password in it as ***."""
+        return str(mask_url(self.url))
 
 
 class NamedTargetConfig(TargetConfig):
@@ -322,14 +352,14 @@ class NvmlSamplerConfig(_Model):
 
 
 class DcgmSamplerConfig(_Model):
-    url: str | None = Field(
+    url: Url | None = Field(
         None, description="dcgm-exporter /metrics URL (e.g. http://127.0.0.1:9400/metrics); null = off."
     )
     interval: Duration | None = Field(None, gt=0, description="Scrape interval; default samplers.interval.")
 
 
 class ServerSamplerConfig(_Model):
-    url: str = Field(
+    url: Url = Field(
         "auto",
         description="The inference server's Prometheus /metrics URL; auto = the target's origin + /metrics; "
         "none = off.",
@@ -577,5 +607,7 @@ class SoakConfig(_Model):
         )
 
     def redacted(self) -> dict[str, Any]:
-        """The effective configuration as plain data (durations as '30m'); holds no secret by construction."""
+        """The effective configuration as plain data (durations as '30m'), every credential masked by
+        its type (``soakd.config.secrets``: ``SecretStr`` values as **********, a URL's user and password
+        as ***) and nothing else: what ``--print-config`` prints, the store keeps and the report shows."""
         return self.model_dump(mode="json")

@@ -1,40 +1,38 @@
-"""Build the final report of a run from the store: one plain, JSON-serialisable dict.
+"""Build the final report of a run from the store, once: a ``RunReport`` (``soakd.report.model``).
 
-Everything the Markdown and HTML renderers show comes from this dict, and the dict itself is
-the JSON report, so ``--baseline report.json`` of a later run reads it: it carries ``windows``
-(the full window summaries, as ``StoreReader.load_windows`` returns them) and ``baseline`` (this
-run's own baseline window summary), both of which ``soakd.analysis.drift.baseline_from_report``
-accepts.
+Every format renders that model; its dump is the JSON report, so ``--baseline report.json`` of a
+later run reads it: it carries ``windows`` (the full window summaries, as
+``StoreReader.load_windows`` returns them) and ``baseline`` (this run's own baseline window
+summary), both of which ``soakd.analysis.drift.baseline_from_report`` accepts.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import re
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from soakd import __version__
-from soakd.analysis.diagnosis import TROUBLESHOOTING
+from soakd.analysis import judged as judged_mod
 from soakd.analysis.drift import baseline_from_report, choose_baseline
 from soakd.analysis.restarts import restarts_by_window
 from soakd.analysis.stats import as_float
 from soakd.config.analysis import DriftConfig
+from soakd.config.secrets import MASK, credential_header, mask_url
+from soakd.core.findings import DIAGNOSES, KINDS, Finding
 from soakd.core.summary import WindowSummary
+from soakd.core.verdict import RunVerdict
+from soakd.report.model import REPORT_SCHEMA, REPORT_SCHEMA_VERSION, RunReport, clean, window_notes
 from soakd.report.series import telemetry, window_metrics, window_series
 from soakd.store import SegmentRow, StoreReader, segment_gaps
 
 __all__ = ["FINDING_GROUPS", "REPORT_SCHEMA", "ReportError", "build_report"]
 
-REPORT_SCHEMA = "soakd-report/1"
 # Event kinds, in the order the report shows their groups ("canary_reference" joins "canary").
-FINDING_GROUPS = ("gpu", "drift", "leak", "throttle", "canary", "errors", "target", "quiesce", "segment", "baseline")
+FINDING_GROUPS = (*KINDS, "quiesce", "segment", "baseline")
 _GROUP_OF = {"canary_reference": "canary"}
-_SECRET_KEY = re.compile(r"(^|_)(api_?key|password|passwd|secret|token|authorization|bearer|credentials?)$", re.I)
 
 
 class ReportError(Exception):
@@ -60,51 +58,27 @@ def iso(ts: float | None) -> str | None:
     return None if ts is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
-def _clean(obj: Any) -> Any:
-    """JSON-safe copy: NaN/inf -> None, tuples -> lists, keys -> str."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, Mapping):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_clean(v) for v in obj]
-    return obj
+_redact_url = mask_url  # a URL's user and password, and credential query parameters, as ***
 
 
-def _redact_url(url: Any) -> Any:
-    if not isinstance(url, str) or "@" not in url:
-        return url
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return url
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port:
-        host += f":{parts.port}"
-    return urlunsplit((parts.scheme, "***@" + host, parts.path, parts.query, parts.fragment))
-
-
-def redact(obj: Any, _key: str = "") -> Any:
-    """Defence in depth over the (already redacted) stored config: values of secret-looking keys,
-    every extra HTTP header value and credentials in URLs become '***'."""
+def redact(obj: Any) -> Any:
+    """Defence in depth over the stored config, which ``SoakConfig.redacted()`` masked by type (the
+    same data ``--print-config`` prints): credentials in URLs, and the values of headers that can
+    carry one (``credential_header``; a config stored by an older release has them as given),
+    are masked. Every other value is as stored."""
     if isinstance(obj, Mapping):
         out = {}
         for k, v in obj.items():
             ks = str(k)
             if ks == "headers" and isinstance(v, Mapping):
-                out[ks] = {str(h): "***" for h in v}
-            elif _SECRET_KEY.search(ks) and v not in (None, "", [], {}):
-                out[ks] = "***"
+                out[ks] = {str(h): MASK if credential_header(str(h)) and x not in (None, "") else redact(x)
+                           for h, x in v.items()}
             else:
-                out[ks] = redact(v, ks)
+                out[ks] = redact(v)
         return out
     if isinstance(obj, list):
-        return [redact(v, _key) for v in obj]
-    if isinstance(obj, str) and "://" in obj:
-        return _redact_url(obj)
-    return obj
+        return [redact(v) for v in obj]
+    return mask_url(obj)
 
 
 def _server_kind(reader: StoreReader, run_id: str) -> str | None:
@@ -184,31 +158,23 @@ def _run_section(run: Any, config: Any, segments: list[SegmentRow], windows: lis
     }
 
 
-def _verdict_section(run: Any) -> dict[str, Any]:
-    v = run.verdict
+def _verdict_section(run: Any) -> RunVerdict:
     interim = run.status == "running"
-    if not isinstance(v, Mapping):
-        return {"result": "INCOMPLETE", "passed": None, "interim": True,
-                "reasons": ["no verdict was stored: the run has not finished (still running, or soakd was killed "
-                            "before it could stop cleanly); resume it, or read the windows below"],
-                "findings": {}, "stability": {}, "recurring_drops": {}}
-    out = {
-        "result": v.get("result") or ("PASS" if v.get("passed") else "FAIL"),
-        "passed": v.get("passed"),
-        "interim": interim,
-        "reasons": list(v.get("reasons") or []),
-        "findings": dict(v.get("findings") or {}),
-        "stability": dict(v.get("stability") or {}),
-        "recurring_drops": dict(v.get("recurring_drops") or {}),
-        "inconclusive": v.get("inconclusive"),
-        "drift": dict(v.get("drift") or {}),
-        "leaks": list(v.get("leaks") or []),
-        "periodic": v.get("periodic"),
-    }
-    for key in ("ab", "targets"):  # A/B runs only
-        if v.get(key) is not None:
-            out[key] = v[key]
-    return out
+    if not isinstance(run.verdict, Mapping):
+        v = RunVerdict(schema_version=2, result="INCOMPLETE", passed=None, interim=True, reasons=[
+            "no verdict was stored: the run has not finished (still running, or soakd was killed before it could "
+            "stop cleanly); resume it, or read the windows below"])
+    else:
+        try:
+            v = RunVerdict.load(dict(run.verdict))
+        except ValueError as exc:
+            first = exc.errors()[0] if hasattr(exc, "errors") else {}
+            where = ".".join(str(x) for x in first.get("loc", ())) if isinstance(first, dict) else ""
+            v = RunVerdict(schema_version=2, result="INCOMPLETE", passed=None, interim=interim,
+                           reasons=[f"the stored verdict could not be read ({where}: {first.get('msg', exc)}; "
+                                    "written by a newer soakd?)"])
+        v = v.model_copy(update={"interim": interim})
+    return v  # an earlier release's verdict gains its causes in RunReport (model.complete_verdict)
 
 
 def _baseline(reader_baseline: tuple[int, WindowSummary] | None, windows: list[WindowSummary], config: Any,
@@ -243,7 +209,7 @@ def _baseline(reader_baseline: tuple[int, WindowSummary] | None, windows: list[W
 
 
 def _window_row(w: WindowSummary, baseline_idx: int | None, notes: Iterable[str],
-                restarts: int = 0) -> dict[str, Any]:
+                restarts: int = 0, min_requests: int = 0) -> dict[str, Any]:
     dev, srv = w.device, w.server
     oc = w.outcomes
     requests = w.requests
@@ -251,6 +217,7 @@ def _window_row(w: WindowSummary, baseline_idx: int | None, notes: Iterable[str]
     mem = dev.memory_used_bytes.mean if dev.memory_used_bytes else None
     kv = srv.kv_cache_usage_ratio.mean if srv.kv_cache_usage_ratio else None
     clock = dev.sm_clock_hertz.mean if dev.sm_clock_hertz else None
+    cause = judged_mod.not_judged_cause(w, min_requests)
     flags = []
     if w.window == baseline_idx:
         flags.append("baseline")
@@ -260,7 +227,8 @@ def _window_row(w: WindowSummary, baseline_idx: int | None, notes: Iterable[str]
         flags.append("target down")
     if restarts:
         flags.append(f"server restarted x{restarts}" if restarts > 1 else "server restarted")
-    flags.extend(notes)
+    flags = window_notes(flags, cause)
+    flags.extend(n for n in notes if n not in flags)
     return {
         "window": w.window,
         "segment": w.segment,
@@ -285,14 +253,15 @@ def _window_row(w: WindowSummary, baseline_idx: int | None, notes: Iterable[str]
         "joules_per_token": dev.energy_per_output_token_joules,
         "notes": flags,
         "server_restarts": restarts,
+        "not_judged": cause,
         **({"goodput_ratio": w.goodput.ratio} if w.goodput is not None else {}),
     }  # fmt: skip
 
 
-def _event_dict(e: Any) -> dict[str, Any]:
+def _event_dict(e: Any, verdict: RunVerdict) -> dict[str, Any]:
     data = e.data if isinstance(e.data, Mapping) else {}
-    is_finding = "diagnosis" in data and "kind" in data
-    return {
+    f = Finding.from_event(dict(data))
+    out: dict[str, Any] = {
         "id": e.id,
         "t_unix": e.t_unix,
         "at": iso(e.t_unix),
@@ -300,17 +269,47 @@ def _event_dict(e: Any) -> dict[str, Any]:
         "severity": e.severity,
         "window": e.window,
         "message": e.message,
-        "diagnosis": data.get("diagnosis") if is_finding else None,
-        "detail": data.get("message") if is_finding else None,
-        "evidence": data.get("evidence") if is_finding else (data or None),
+        "diagnosis": data.get("diagnosis") if f is not None else None,
+        "detail": data.get("message") if f is not None else None,
+        "evidence": data.get("evidence") if f is not None else (data or None),
     }
+    if f is not None:  # a finding: its span, the verdict's judgement of it, its registry entry
+        if verdict.result == "INCOMPLETE":  # no verdict yet: as judged when it was made
+            fails, why = bool(f.fails), f.why
+        else:
+            reason = verdict.why(f)
+            fails = reason is not None
+            why = reason if fails else ("the run's verdict did not fail on it" if f.fails else f.why)
+        spec = f.spec
+        out.update(last_window=f.last_window, metrics=f.metrics, target=data.get("target"), fails=fails, why=why,
+                   title=spec.title, section=spec.section, runbook=spec.runbook_url)
+    return out
 
 
-def _findings(events: list[Any]) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
+def _end_of_run(e: Any) -> bool:
+    """A finding made at the end of a segment over the whole run (change points, trends, the last leak
+    judgement, the error budget, the A/B run)."""
+    f = Finding.from_event(e.data if isinstance(e.data, Mapping) else None)
+    return f is not None and (f.spec.end_of_run or f.window is None)
+
+
+def _interim(e: Any, resumed_at: float | None) -> bool:
+    """An end-of-run judgement made when an earlier segment stopped (SIGTERM: its verdict was interim),
+    made again when the resumed run ended: superseded."""
+    return resumed_at is not None and e.t_unix < resumed_at and _end_of_run(e)
+
+
+def _findings(events: list[Any], verdict: RunVerdict, resumed_at: float | None = None
+              ) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
     groups: dict[str, list[dict[str, Any]]] = {}
     for e in events:
         g = _GROUP_OF.get(e.kind, e.kind)
-        groups.setdefault(g, []).append(_event_dict(e))
+        ev = _event_dict(e, verdict)
+        if _interim(e, resumed_at):  # shown among the other events, not as a finding of the run
+            ev.update(diagnosis=None, message=f"(interim, superseded when the run resumed) {ev['message']}")
+            for k in ("last_window", "metrics", "target", "fails", "why", "title", "section", "runbook"):
+                ev.pop(k, None)
+        groups.setdefault(g, []).append(ev)
     ordered = {g: groups[g] for g in FINDING_GROUPS if g in groups}
     ordered.update({g: v for g, v in sorted(groups.items()) if g not in ordered})
     seen: dict[str, dict[str, Any]] = {}
@@ -321,17 +320,22 @@ def _findings(events: list[Any]) -> tuple[dict[str, list[dict[str, Any]]], list[
                 continue
             row = seen.get(d)
             if row is None:
-                what, check = TROUBLESHOOTING.get(d, ("", ""))
-                row = seen[d] = {"diagnosis": d, "seen": what, "check": check, "count": 0, "windows": [],
-                                 "severity": ev["severity"], "kinds": []}
+                spec = DIAGNOSES[d]
+                row = seen[d] = {"diagnosis": d, "seen": spec.seen, "check": spec.check, "count": 0, "windows": [],
+                                 "severity": ev["severity"], "kinds": [], "title": spec.title,
+                                 "runbook": spec.runbook_url, "fails": False}
             row["count"] += 1
-            if ev["window"] is not None and ev["window"] not in row["windows"]:
-                row["windows"].append(ev["window"])
+            span = range(ev["window"], max(ev["window"], ev.get("last_window") or ev["window"]) + 1) \
+                if ev["window"] is not None else ()
+            for w in span:
+                if w not in row["windows"]:
+                    row["windows"].append(w)
             if ev["kind"] not in row["kinds"]:
                 row["kinds"].append(ev["kind"])
             if ev["severity"] == "critical":
                 row["severity"] = "critical"
-    order = {d: i for i, d in enumerate(TROUBLESHOOTING)}
+            row["fails"] = row["fails"] or bool(ev.get("fails"))
+    order = {d: i for i, d in enumerate(DIAGNOSES)}
     rows = sorted(seen.values(), key=lambda r: (order.get(r["diagnosis"], len(order)), r["diagnosis"]))
     return ordered, rows
 
@@ -340,7 +344,7 @@ def _findings(events: list[Any]) -> tuple[dict[str, list[dict[str, Any]]], list[
 
 
 def build_report(reader: StoreReader, run_id: str | None = None, *, generated_unix: float | None = None
-                 ) -> dict[str, Any]:
+                 ) -> RunReport:
     """The report of ``run_id`` (the newest run when None). Raises ReportError when there is none."""
     run = reader.get_run(run_id) if run_id else reader.latest_run()
     if run is None:
@@ -357,30 +361,37 @@ def build_report(reader: StoreReader, run_id: str | None = None, *, generated_un
     segments = reader.load_segments(run.id)
     windows = reader.load_windows(run.id)
     own, used, base_info = _baseline(reader.load_baseline(run.id), windows, config, drift_cfg)
+    verdict = _verdict_section(run)
     events = reader.load_events(run.id)
-    findings, troubleshooting = _findings(events)
+    # a run stopped (SIGTERM) and resumed made its end-of-run judgements twice: the last segment's stand
+    resumed_at = segments[-1].started_unix if len(segments) > 1 else None
+    if resumed_at is not None and not any(e.t_unix >= resumed_at and _end_of_run(e) for e in events):
+        resumed_at = None  # the last segment has made none yet: the earlier one's are the run's so far
+    findings, troubleshooting = _findings(events, verdict, resumed_at)
 
+    # every window a warning or critical finding covers (its whole span) is noted with its diagnosis
     notes_by_window: dict[int, list[str]] = {}
-    for kind in ("gpu", "drift", "leak", "throttle", "canary", "errors", "target"):
-        for ev in findings.get(kind, []):
-            if ev["window"] is None or ev["severity"] not in ("warning", "critical"):
+    for items in findings.values():
+        for ev in items:
+            if ev["diagnosis"] is None or ev["window"] is None or ev["severity"] not in ("warning", "critical"):
                 continue
-            label = ev["diagnosis"] or kind
-            lst = notes_by_window.setdefault(ev["window"], [])
-            if label not in lst:
-                lst.append(label)
+            for w in range(ev["window"], max(ev["window"], ev.get("last_window") or ev["window"]) + 1):
+                lst = notes_by_window.setdefault(w, [])
+                if ev["diagnosis"] not in lst:
+                    lst.append(ev["diagnosis"])
     baseline_idx = base_info["window"] if base_info["source"] == "this run" else None
     restarts = restarts_by_window(windows)
-    rows = [_window_row(w, baseline_idx, notes_by_window.get(w.window, []), restarts.get(w.window, 0))
-            for w in windows]
+    rows = [_window_row(w, baseline_idx, notes_by_window.get(w.window, []), restarts.get(w.window, 0),
+                        drift_cfg.min_requests) for w in windows]
 
     report: dict[str, Any] = {
         "schema": REPORT_SCHEMA,
+        "schema_version": REPORT_SCHEMA_VERSION,
         "generated_at": iso(generated_unix if generated_unix is not None else time.time()),
         "generated_by": f"soakd {__version__}",
         "run": {**_run_section(run, config, segments, windows, _server_kind(reader, run.id)),
                 "server_restarts": sum(restarts.values())},
-        "verdict": _verdict_section(run),
+        "verdict": verdict,
         "baseline_window": base_info["window"],
         "baseline_info": base_info,
         "thresholds": {m: drift_cfg.threshold_for(m) for m in window_metrics(windows)},
@@ -392,8 +403,12 @@ def build_report(reader: StoreReader, run_id: str | None = None, *, generated_un
             "windows": window_series(windows, used, drift_cfg, run.created_unix),
             "telemetry": telemetry(reader, run.id, windows, run.created_unix),
         },
-        "windows": [w.dump() for w in windows],
+        "windows": windows,
+        "baseline": own,
     }
-    if own is not None:
-        report["baseline"] = own.dump()
-    return _clean(report)
+    return RunReport.model_validate(clean_sections(report))
+
+
+def clean_sections(report: dict[str, Any]) -> dict[str, Any]:
+    """NaN and infinities out of the plain sections (the models keep their own)."""
+    return {k: v if k in ("verdict", "windows", "baseline") else clean(v) for k, v in report.items()}

@@ -6,17 +6,18 @@ One ``<testsuite>`` per run, one ``<testcase>`` per verdict check:
 
 - ``soakd.verdict``: the run's verdict: failed on FAIL (its reasons), an ``<error>`` on INCONCLUSIVE
   or a run without a verdict (it has not finished), passed on PASS;
-- ``soakd.drift``: each tracked metric: failed when a finding that fails the run names it (a drift,
-  or throttling whose drift it is), skipped when no window had the metric;
+- ``soakd.drift``: each tracked metric: failed when a finding that fails the run names it (a drift
+  over its whole span, or throttling whose drift it is), skipped when no window had the metric;
 - ``soakd.leak``: each judged memory source (device memory, KV cache, its residue);
-- ``soakd.gpu`` (Xid and uncorrected ECC errors), ``soakd.throttle``, ``soakd.errors``, ``soakd.canary``,
-  ``soakd.freeze``, ``soakd.target``: one case each, skipped when there was nothing to judge (no
-  device telemetry, the canary off);
+- one case for every other kind of the finding registry (``soakd.core.findings.KINDS``: ``soakd.gpu``,
+  ``soakd.slo``, ``soakd.throttle``, ``soakd.canary``, ``soakd.errors``, ``soakd.freeze``,
+  ``soakd.target``, ``soakd.client``), failed when a finding of it fails the run, skipped when there
+  was nothing to judge (no device telemetry, the canary off, no SLO), its findings in system-out;
 - ``soakd.ab``: each A/B comparison over the run (candidate x metric), and ``soakd.targets`` each
   other target's own verdict;
 - ``soakd.windows``: each window: skipped when it was not judged (partial, client-impaired, the
-  target down, fewer requests than needed), failed when a failing finding points at it;
-- ``soakd.findings``: each warning or critical finding, failed when it fails the run.
+  target down, fewer requests than needed), failed when a failing finding covers it;
+- ``soakd.findings``: every finding with its evidence and runbook, failed when it fails the run.
 
 Exit codes stay those of ``soakd run``; the file only describes them.
 """
@@ -28,11 +29,12 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from typing import Any
 
-from soakd.analysis.engine import failing_reason
+from soakd.core.findings import KINDS
+from soakd.report.format import FindingView, finding_views, verdict_lines
+from soakd.report.model import RunReport, WindowRow
 
 __all__ = ["render_junit"]
 
-_CHECK_KINDS = ("gpu", "throttle", "errors", "canary", "freeze", "target")
 # characters XML 1.0 cannot carry (a garbled server answer quoted in a finding)
 _NOT_XML = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
@@ -53,25 +55,6 @@ class Case:
     seconds: float = 0.0
 
 
-def _findings(report: dict[str, Any]) -> list[dict[str, Any]]:
-    return [ev for items in (report.get("findings") or {}).values() for ev in items if ev.get("diagnosis")]
-
-
-def _reason(ev: dict[str, Any]) -> str:
-    return failing_reason(ev["kind"], ev["diagnosis"], ev.get("window"))
-
-
-def _metrics_of(ev: dict[str, Any]) -> set[str]:
-    """The tracked metrics a drift (or A/B) finding is about: a live window's drifting comparisons,
-    or the metric of an end-of-run change point, creep or A/B comparison."""
-    evidence = ev.get("evidence") or {}
-    out = {d["metric"] for d in evidence.get("drift") or [] if isinstance(d, dict) and d.get("metric")
-           and d.get("status", "drift") == "drift"}
-    if isinstance(evidence.get("metric"), str):
-        out.add(evidence["metric"])
-    return out
-
-
 def _failed(case: Case, reasons: list[str], message: str | None = None) -> None:
     case.status = "failed"
     case.message = message or reasons[0]
@@ -83,163 +66,191 @@ def _skipped(case: Case, why: str) -> None:
     case.message = why
 
 
-def _window_case(row: dict[str, Any], window: dict[str, Any] | None, min_requests: int,
-                 failing: dict[int, list[str]], seconds: float) -> Case:
-    n = row["window"]
+def _line(fv: FindingView) -> str:
+    f = fv.finding
+    out = f"[{f.severity}] {f.label} ({fv.where}, {fv.at}): {f.message}"
+    if fv.evidence:
+        out += f"\n  evidence: {fv.evidence_text}"
+    out += f"\n  runbook: {f.runbook}"
+    if fv.event.why:
+        out += f"\n  {'fails the run' if fv.fails else 'does not fail the run'}: {fv.event.why}"
+    return out
+
+
+_CAUSE_SKIP = {
+    "partial": "partial window (the run ended inside it): shown, not judged",
+    "target_down": "the target was down for {down:.0f} s of it",
+    "too_few_requests": "insufficient: {n} requests, a judged window needs {need}",
+}
+
+
+def _window_case(row: WindowRow, report: RunReport, failing: dict[int, list[FindingView]], seconds: float) -> Case:
+    n = row.window
     case = Case("soakd.windows", f"window {n}", seconds=seconds)
-    case.out.append(f"{row.get('start')}: {row.get('requests')} requests, e2e p50 {row.get('e2e_p50')}, "
-                    f"notes: {', '.join(row.get('notes') or []) or '-'}")
-    client = (window or {}).get("client") or {}
-    if n in failing:
-        _failed(case, failing[n])
-    elif row.get("partial"):
-        _skipped(case, "partial window (the run ended inside it): shown, not judged")
-    elif client.get("impaired"):
-        _skipped(case, f"client-impaired: {client.get('impaired_reason') or 'soakd itself stalled'}")
-    elif (window or {}).get("target_down_seconds"):
-        _skipped(case, f"the target was down for {window['target_down_seconds']:.0f} s of it")
-    elif (row.get("requests") or 0) < min_requests:
-        _skipped(case, f"insufficient: {row.get('requests')} requests, a judged window needs {min_requests}")
+    case.out.append(f"{row.start}: {row.requests} requests, e2e p50 {row.e2e_p50}, "
+                    f"notes: {', '.join(row.notes) or '-'}")
+    w = next((x for x in report.windows if x.window == n), None)
+    judged = row.not_judged is None and not row.partial
+    if n in failing and (judged or any(fv.finding.window == n for fv in failing[n])):
+        # a finding of this window, or one whose span covers it and the window was judged
+        reasons = list(dict.fromkeys(fv.event.why or fv.finding.reason for fv in failing[n]))
+        _failed(case, reasons + [_line(fv) for fv in failing[n]], reasons[0])
+    elif row.not_judged == "client_impaired" or (w is not None and w.client is not None and w.client.impaired):
+        why = w.client.impaired_reason if w is not None and w.client is not None else None
+        _skipped(case, f"client-impaired: {why or 'soakd itself stalled'}")
+    elif row.partial:
+        _skipped(case, _CAUSE_SKIP["partial"])
+    elif (w is not None and w.target_down_seconds) or row.not_judged == "target_down":
+        _skipped(case, _CAUSE_SKIP["target_down"].format(down=w.target_down_seconds if w is not None else 0.0))
+    elif row.requests < report.min_requests or row.not_judged == "too_few_requests":
+        _skipped(case, _CAUSE_SKIP["too_few_requests"].format(n=row.requests, need=report.min_requests))
     return case
 
 
-def checks(report: dict[str, Any]) -> list[Case]:
+def checks(report: RunReport) -> list[Case]:
     """The report's verdict as test cases (see the module docstring)."""
-    verdict = report.get("verdict") or {}
-    run = report.get("run") or {}
-    reasons: list[str] = list(verdict.get("reasons") or [])
-    findings = _findings(report)
-    # the findings that fail the run: by the verdict's reason for them, and the leak findings of a
-    # source whose last judgement fails the run (leaks are judged on the run's last judgement)
-    leaking = {lk.get("source") for lk in verdict.get("leaks") or [] if lk.get("fails")}
-    failing_findings = [ev for ev in findings if _reason(ev) in reasons or (
-        ev["kind"] == "leak" and ev.get("severity") == "critical" and (ev.get("evidence") or {}).get("source") in leaking)]
-    config = run.get("config") or {}
+    v = report.verdict
+    run = report.run
+    views = finding_views(report.finding_events())
+    failing = [fv for fv in views if fv.fails]
+    covered = {fv.event.why for fv in failing}
+    loose = [r for r in v.reasons if r not in covered]  # reasons no finding of the report carries
+    config = run.config or {}
     analysis = config.get("analysis") or {}
     cases: list[Case] = []
 
     # the verdict
-    result = verdict.get("result")
-    top = Case("soakd.verdict", "verdict", seconds=float(run.get("observed_seconds") or 0.0))
-    if result == "FAIL":
-        _failed(top, reasons or ["FAIL"], f"FAIL: {'; '.join(reasons)[:500]}")
-    elif result == "INCONCLUSIVE":
-        top.status, top.message = "error", f"INCONCLUSIVE: {verdict.get('inconclusive')}"
-        top.text = top.message
-    elif result != "PASS" or verdict.get("interim"):
+    top = Case("soakd.verdict", "verdict", seconds=float(run.observed_seconds or 0.0))
+    lines = verdict_lines(report)
+    if v.result == "FAIL":
+        _failed(top, lines or list(v.reasons) or ["FAIL"], f"FAIL: {'; '.join(v.reasons)[:500]}")
+    elif v.result == "INCONCLUSIVE":
         top.status = "error"
-        top.message = (f"no final verdict: the run {run.get('id')} is {run.get('state') or run.get('status')}"
-                       + ("; ".join([""] + list(reasons)) if reasons else ""))
+        top.message = f"INCONCLUSIVE: {v.inconclusive}"
+        top.text = "\n".join([top.message, *lines])
+    elif v.result != "PASS" or v.interim:
+        top.status = "error"
+        top.message = (f"no final verdict: the run {run.id} is {run.state or run.status}"
+                       + ("; ".join([""] + list(v.reasons)) if v.reasons else ""))
         top.text = top.message
+    else:
+        top.out += lines
     cases.append(top)
 
-    # each tracked metric
-    stability = verdict.get("stability") or {}
-    metrics = list(dict.fromkeys([*(report.get("thresholds") or {}), *stability]))
+    # each tracked metric: failed when a finding that fails the run names it (over its whole span)
+    stability = v.stability
+    metrics = list(dict.fromkeys([*report.thresholds, *stability]))
     for m in metrics:
         case = Case("soakd.drift", m)
         st = stability.get(m)
-        # a drift finding, or another that drift is part of (throttling, a freeze: the metric moved)
-        mine = [_reason(ev) for ev in failing_findings if ev["kind"] != "ab" and m in _metrics_of(ev)]
+        mine = [fv for fv in failing if fv.finding.kind != "ab" and m in fv.finding.metrics]
         if mine:
-            _failed(case, list(dict.fromkeys(mine)))
-        elif not st or not st.get("windows"):
+            reasons = list(dict.fromkeys(fv.event.why or fv.finding.reason for fv in mine))
+            _failed(case, reasons + [_line(fv) for fv in mine], reasons[0])
+        elif st is None or not st.windows:
             _skipped(case, f"no window had {m}")
-        if st:
-            case.out.append(f"{m}: median {st.get('median')}, spread {st.get('spread')} over {st.get('windows')} "
-                            f"windows, threshold {st.get('threshold')}")
+        if st is not None:
+            case.out.append(f"{m}: median {st.median}, spread {st.spread} over {st.windows} windows, "
+                            f"threshold {st.threshold}")
         cases.append(case)
 
     # leaks: the run's last judgement of each source
-    leak_reasons = [r for r in reasons if r.startswith("leak:")]
-    for lk in verdict.get("leaks") or []:
-        case = Case("soakd.leak", str(lk.get("source")))
-        if lk.get("fails"):
-            mine = [r for r in leak_reasons if r.startswith(f"leak: {lk.get('source')}")] or leak_reasons
-            _failed(case, mine or [f"leak: {lk.get('source')} {lk.get('status')}"])
-        case.out.append(f"{lk.get('source')}: {lk.get('status')}, {lk.get('pattern') or 'no pattern'}, growth "
-                        f"{lk.get('growth_per_hour')} {lk.get('unit')}/h over {lk.get('n_windows')} points")
+    leak_reasons = [r for r in v.reasons if r.startswith("leak:")]
+    for lk in v.leaks:
+        case = Case("soakd.leak", lk.source)
+        if lk.fails:
+            mine = [r for r in leak_reasons if r.startswith(f"leak: {lk.source}")] or leak_reasons
+            _failed(case, mine or [f"leak: {lk.source} {lk.status}"])
+        case.out.append(f"{lk.source}: {lk.status}, {lk.pattern or 'no pattern'}, growth {lk.growth_per_hour} "
+                        f"{lk.unit}/h over {lk.n_windows} points")
         cases.append(case)
-    if not verdict.get("leaks"):
+    if not v.leaks:
         case = Case("soakd.leak", "memory")
         _skipped(case, "no memory series was judged (no device telemetry, no KV-cache gauge)")
         cases.append(case)
 
-    # the other checks, one case per kind
-    tel = (report.get("series") or {}).get("telemetry") or {}
-    # the report groups canary events (its reference output, mismatches) under "canary"
-    canary_on = (analysis.get("canary") or {}).get("enabled", True) and bool((report.get("findings") or {}).get("canary"))
-    for kind in _CHECK_KINDS:
-        case = Case(f"soakd.{kind}", kind)
-        mine = [r for r in reasons if r.startswith(f"{kind}:")]
-        if mine:
-            _failed(case, mine)
-        elif kind in ("throttle", "gpu") and not tel.get("device"):
+    # every other kind of the registry: one case each
+    tel = report.series.telemetry
+    canary_on = (analysis.get("canary") or {}).get("enabled", True) and bool(report.findings.get("canary"))
+    for kind in KINDS.values():
+        if kind.name in ("drift", "leak", "ab"):
+            continue  # per metric, per source, per comparison above and below
+        case = Case(f"soakd.{kind.name}", kind.name)
+        mine = [fv for fv in failing if fv.finding.kind == kind.name]
+        reasons = [r for r in v.reasons if r.startswith(f"{kind.name}:")]
+        mine_reasons = list(dict.fromkeys([*(fv.event.why or fv.finding.reason for fv in mine), *reasons]))
+        seen = [fv for fv in views if fv.finding.kind == kind.name]
+        if mine_reasons:
+            _failed(case, mine_reasons + [_line(fv) for fv in mine], mine_reasons[0])
+        elif kind.name in ("throttle", "gpu") and not tel.device:
             _skipped(case, "no device telemetry (no GPU visible to soakd)")
-        elif kind == "canary" and not canary_on:
+        elif kind.name == "canary" and not canary_on:
             _skipped(case, "the canary did not run")
+        elif kind.name == "slo" and "goodput_ratio" not in report.thresholds:
+            _skipped(case, "no scenario has an SLO")
+        case.out += [_line(fv) for fv in seen[:20]]
         cases.append(case)
 
     # A/B: each comparison over the run, and each other target's own verdict
-    ab_fail = [ev for ev in failing_findings if ev["kind"] == "ab"]
-    for r in verdict.get("ab") or []:
-        case = Case("soakd.ab", f"{r.get('target')} {r.get('metric')} vs {r.get('reference')}")
-        worse = r.get("tier") == "confident" and r.get("direction") == "worse"
-        mine = [_reason(ev) for ev in ab_fail if (ev.get("evidence") or {}).get("metric") == r.get("metric")
-                and (ev.get("evidence") or {}).get("target") == r.get("target")]
+    ab_fail = [fv for fv in failing if fv.finding.kind == "ab"]
+    for r in v.ab or []:
+        case = Case("soakd.ab", f"{r.target} {r.metric} vs {r.reference}")
+        worse = r.tier == "confident" and r.direction == "worse"
+        mine = [fv.event.why or fv.finding.reason for fv in ab_fail
+                if fv.finding.evidence.get("metric") == r.metric and fv.finding.evidence.get("target") == r.target]
         if worse or mine:
-            _failed(case, mine or [f"ab: {r.get('target')} {r.get('metric')} confidently worse"])
-        case.out.append(f"{r.get('target')} {r.get('metric')} ratio {r.get('ratio')} (CI {r.get('ci')}) over "
-                        f"{r.get('windows')} paired windows: {r.get('tier') or 'no'} {r.get('direction')}")
+            _failed(case, mine or [f"ab: {r.target} {r.metric} confidently worse"])
+        case.out.append(f"{r.target} {r.metric} ratio {r.ratio} (CI {list(r.ci)}) over {r.windows} paired windows: "
+                        f"{r.tier or 'no'} {r.direction}")
         cases.append(case)
-    for name, tv in (verdict.get("targets") or {}).items():
+    for name, tv in (v.targets or {}).items():
         case = Case("soakd.targets", str(name))
-        if tv.get("result") == "FAIL":
-            _failed(case, list(tv.get("reasons") or ["FAIL"]))
+        if tv.result == "FAIL":
+            _failed(case, list(tv.reasons or ["FAIL"]))
         cases.append(case)
 
-    # each window
-    failing_by_window: dict[int, list[str]] = {}
-    for ev in failing_findings:
-        if ev.get("window") is not None:
-            failing_by_window.setdefault(ev["window"], []).append(_reason(ev))
-    dumps = {w.get("window"): w for w in report.get("windows") or []}
-    min_requests = int(report.get("min_requests") or 0)
-    for row in report.get("table") or []:
-        w = dumps.get(row["window"])
-        cases.append(_window_case(row, w, min_requests, failing_by_window,
-                                  float((w or {}).get("duration_seconds") or 0.0)))
+    # each window: failed when a failing finding covers it, skipped (with the cause) when not judged
+    failing_by_window: dict[int, list[FindingView]] = {}
+    for fv in failing:
+        for w in fv.finding.windows:
+            failing_by_window.setdefault(w, []).append(fv)
+    for row in report.table:
+        w = next((x for x in report.windows if x.window == row.window), None)
+        cases.append(_window_case(row, report, failing_by_window, float(w.duration_seconds if w else 0.0)))
 
-    # each finding
-    for ev in findings:
-        if ev.get("severity") not in ("warning", "critical"):
-            continue
-        where = f" (window {ev['window']})" if ev.get("window") is not None else ""
-        case = Case("soakd.findings", f"#{ev.get('id')} {ev['kind']}: {ev['diagnosis']}{where}")
-        case.out.append(f"[{ev.get('severity')}] {ev.get('at')}: {ev.get('detail') or ev.get('message')}")
-        if ev in failing_findings:
-            _failed(case, [str(ev.get("detail") or ev.get("message") or _reason(ev))], _reason(ev))
+    # each finding: failed when it fails the run; info findings pass, with what they said
+    for fv in views:
+        f = fv.finding
+        where = f" ({fv.where})" if f.window is not None else ""
+        case = Case("soakd.findings", f"#{fv.event.id} {f.kind}: {f.diagnosis}{where}")
+        case.out.append(_line(fv))
+        if fv.fails:
+            _failed(case, [f.message, _line(fv)], fv.event.why or f.reason)
+        cases.append(case)
+    if loose:
+        case = Case("soakd.findings", "other reasons")
+        _failed(case, loose)
         cases.append(case)
     return cases
 
 
-def render_junit(report: dict[str, Any]) -> str:
+def render_junit(report: RunReport | dict[str, Any]) -> str:
     """The report as a JUnit XML document (``<testsuites>`` with one ``<testsuite>``)."""
-    run = report.get("run") or {}
+    report = RunReport.load(report)
+    run = report.run
     cases = checks(report)
     counts = {s: sum(c.status == s for c in cases) for s in ("failed", "skipped", "error")}
     attrs = {"tests": str(len(cases)), "failures": str(counts["failed"]), "errors": str(counts["error"]),
-             "skipped": str(counts["skipped"]), "time": f"{float(run.get('observed_seconds') or 0.0):.3f}"}
+             "skipped": str(counts["skipped"]), "time": f"{float(run.observed_seconds or 0.0):.3f}"}
     root = ET.Element("testsuites", {"name": "soakd", **attrs})
     suite = ET.SubElement(root, "testsuite", {
-        "name": f"soakd run {run.get('id')}", **attrs,
-        "timestamp": str(run.get("started_at") or "").removesuffix("Z"), "hostname": "soakd"})
+        "name": f"soakd run {run.id}", **attrs,
+        "timestamp": str(run.started_at or "").removesuffix("Z"), "hostname": "soakd"})
     props = ET.SubElement(suite, "properties")
-    verdict = report.get("verdict") or {}
-    for k, v in (("run", run.get("id")), ("target", run.get("target")), ("model", run.get("model")),
-                 ("server_kind", run.get("server_kind")), ("result", verdict.get("result")),
-                 ("stop_reason", run.get("stop_reason")), ("window", run.get("window")),
-                 ("soakd_version", run.get("soakd_version"))):
+    for k, v in (("run", run.id), ("target", run.target), ("model", run.model),
+                 ("server_kind", run.server_kind), ("result", report.verdict.result),
+                 ("exit_code", report.verdict.exit_code), ("stop_reason", run.stop_reason), ("window", run.window),
+                 ("soakd_version", run.soakd_version)):
         if v is not None:
             ET.SubElement(props, "property", {"name": k, "value": _x(v)})
     for c in cases:

@@ -1,7 +1,7 @@
-"""Render a report dict (``soakd.report.build.build_report``) as JSON, Markdown
-(``soakd.report.markdown``), HTML (``soakd.report.html``) or JUnit XML (``soakd.report.junit``),
-and write all four into a run's directory. JSON is the dict itself (``--baseline`` of a later run
-reads it).
+"""Render a report (``soakd.report.model.RunReport``, from ``soakd.report.build.build_report``) as
+JSON, Markdown (``soakd.report.markdown``), HTML (``soakd.report.html``) or JUnit XML
+(``soakd.report.junit``), and write all four into a run's directory. JSON is the model's dump
+(``--baseline`` of a later run reads it).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from soakd.report.build import build_report
 from soakd.report.html import render_html
 from soakd.report.junit import render_junit
 from soakd.report.markdown import render_markdown
+from soakd.report.model import RunReport
 from soakd.store import StoreReader
 
 __all__ = ["FORMATS", "REPORT_FILES", "render", "render_html", "render_json", "render_junit", "render_markdown",
@@ -30,22 +31,21 @@ REPORT_FILES = {"json": "report.json", "md": "report.md", "html": "report.html",
 # JSON
 
 
-def render_json(report: dict[str, Any]) -> str:
-    return json.dumps(report, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+def render_json(report: RunReport | dict[str, Any]) -> str:
+    return json.dumps(RunReport.load(report).dump(), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
 
 
 # ---------------------------------------------------------------------------------------------
 
-RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
+RENDERERS: dict[str, Callable[[Any], str]] = {
     "json": render_json, "md": render_markdown, "html": render_html, "junit": render_junit,
 }
 
 
-def render(report: dict[str, Any], fmt: str) -> str:
-    try:
-        return RENDERERS[fmt](report)
-    except KeyError:
-        raise ValueError(f"unknown report format {fmt!r}; use one of {', '.join(FORMATS)}") from None
+def render(report: RunReport | dict[str, Any], fmt: str) -> str:
+    if fmt not in RENDERERS:
+        raise ValueError(f"unknown report format {fmt!r}; use one of {', '.join(FORMATS)}")
+    return RENDERERS[fmt](RunReport.load(report))
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -6,7 +6,9 @@
 - ``telemetry``: sampler snapshots into their windows and the store's sample queue;
 - ``events``: events and findings into the store before the log;
 - ``session``: the run in the store (resume, segments, baseline, verdict);
-- ``pipeline``: a closed window persisted, analysed, published;
+- ``pipeline``: a closed window of one target persisted, analysed, published;
+- ``target_run``: one target's parts (client, metrics, windows, recorder, driver, pipeline, analysis):
+  the same for the only target of a soak and for every target of an A/B run;
 - ``quiesce`` and ``canary``: the idle probes and the output-consistency canary;
 - ``exporter``: the analysis results as metric families;
 - ``status``: ``/status``, readiness, the progress and summary lines.

@@ -11,12 +11,11 @@ from typing import Any
 
 import structlog
 
+from soakd.core.findings import Finding, finding_log
 from soakd.core.timeline import SYSTEM_CLOCK, Clock
 from soakd.soak.session import RunSession
 
 log = structlog.get_logger("soakd")
-
-_PLAIN_KINDS = ("quiesce", "baseline", "canary_reference", "segment", "client")  # logged under their own kind
 
 
 class EventLog:
@@ -34,5 +33,8 @@ class EventLog:
             if self.session.store is not None:
                 await self.session.add_event(kind, severity, message, data, window, t)
             level = {"critical": log.error, "warning": log.warning}.get(severity, log.info)
-            level("finding" if kind not in _PLAIN_KINDS else kind, kind=kind, severity=severity, window=window,
-                  message=message)
+            f = Finding.from_event(data)
+            if f is not None:  # a finding: its diagnosis, span, evidence, runbook and whether it fails the run
+                level("finding", window=window, **finding_log(f))
+            else:
+                level(kind, kind=kind, severity=severity, window=window, message=message)

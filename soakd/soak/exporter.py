@@ -1,31 +1,36 @@
-"""The analysis results on /metrics: a snapshot source that reads the analysis engine's state at
-scrape time (no I/O) and turns it into the catalogue's analysis families."""
+"""The analysis results on /metrics: a snapshot source that reads the analysis detectors' states
+(``Analyzer.states()``) at scrape time (no I/O) and turns them into the catalogue's analysis families."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 from prometheus_client.core import Metric
 
 from soakd.analysis.drift import metric_value
-from soakd.analysis.engine import LEAK_SOURCES_BYTES, Analyzer
+from soakd.analysis.detector import AbState, LeakState, ThrottleState
+from soakd.analysis.drift_watch import DriftState
+from soakd.analysis.engine import LEAK_SOURCES_BYTES, Analyzer, FindingsState, ProbeState
+from soakd.core.findings import KINDS
 from soakd.core.reasons import CLOCKS_EVENT_REASON_NAMES
 from soakd.metrics import BY_NAME
 
-FINDING_KINDS = ("drift", "leak", "throttle", "canary", "errors", "freeze", "target")  # and ab in A/B runs
+# soakd_findings_total: every kind of the finding registry (ab only in A/B runs)
+FINDING_KINDS = tuple(k for k in KINDS if k != "ab")
 
 
 class AbExporter:
-    """``soakd_ab_ratio{metric,target}``: each candidate's last window against the reference's
-    (absent where the pair had no eligible window: a reference that is down gives no ratio)."""
+    """``soakd_ab_ratio{metric,target}``: each candidate's last window against the reference's (the
+    reference's A/B detector's state; absent where the pair had no eligible window: a reference that is
+    down gives no ratio)."""
 
-    def __init__(self, judge: Any) -> None:
-        self.judge = judge
+    def __init__(self, analyzer: Analyzer) -> None:
+        self.analyzer = analyzer
 
     def __call__(self) -> Iterator[Metric]:
         fam = BY_NAME["soakd_ab_ratio"].family()
-        for (metric, cand), r in sorted(self.judge.last.items()):
+        state: AbState | None = self.analyzer.states().get("ab")
+        for (metric, cand), r in sorted((state.last if state is not None else {}).items()):
             fam.add_metric([metric, cand], r.ratio)
         yield fam
 
@@ -40,23 +45,29 @@ class AnalysisExporter:
     def __call__(self) -> Iterator[Metric]:
         a = self.analyzer
         cfg = a.cfg
+        states = a.states()
+        drift: DriftState = states["drift"]
+        leaks: LeakState = states["leak"]
+        throttle: ThrottleState = states["throttle"]
+        probes: ProbeState = states["probes"]
+        found: FindingsState = states["findings"]
         ratio = BY_NAME["soakd_drift_ratio"].family()
-        for (metric, ref), r in sorted(a.drift.items()):
+        for (metric, ref), r in sorted(drift.drift.items()):
             if r.ratio is not None:
                 ratio.add_metric([metric, ref], r.ratio)
         yield ratio
         det = BY_NAME["soakd_drift_detected"].family()
         ev = BY_NAME["soakd_drift_events_total"].family()
         for metric in cfg.drift.metrics:
-            det.add_metric([metric], 1.0 if a.drift_active.get(metric) else 0.0)
-            ev.add_metric([metric], float(a.drift_events.get(metric, 0)))
+            det.add_metric([metric], 1.0 if drift.active.get(metric) else 0.0)
+            ev.add_metric([metric], float(drift.events.get(metric, 0)))
         yield det
         yield ev
         mde = BY_NAME["soakd_drift_detectable_ratio"].family()
-        for metric, v in sorted(a.detectable.items()):
+        for metric, v in sorted(drift.detectable.items()):
             mde.add_metric([metric], v)
         yield mde
-        w = a.last_window
+        w = states["window"]
         if w is not None:
             val = BY_NAME["soakd_window_value"].family()
             for metric in cfg.drift.metrics:
@@ -91,7 +102,7 @@ class AnalysisExporter:
             fr.add_metric([], float(c.freeze_max_seconds or 0.0) if c is not None else 0.0)
             yield fr
         spread = BY_NAME["soakd_stability_spread_ratio"].family()
-        for metric, st in sorted(a.stability.items()):
+        for metric, st in sorted(drift.stability.items()):
             if st.get("spread") is not None:
                 spread.add_metric([metric], st["spread"])
         yield spread
@@ -99,7 +110,7 @@ class AnalysisExporter:
         kvg = BY_NAME["soakd_kv_cache_growth_ratio_per_hour"].family()
         sus = BY_NAME["soakd_memory_leak_suspected"].family()
         steps = BY_NAME["soakd_memory_steps"].family()
-        for source, lk in sorted(a.leaks.items()):
+        for source, lk in sorted(leaks.leaks.items()):
             if lk.status == "no_data":
                 continue
             sus.add_metric([source], 1.0 if lk.suspected else 0.0)
@@ -112,7 +123,7 @@ class AnalysisExporter:
         yield sus
         yield steps
         thr = BY_NAME["soakd_throttle_detected"].family()
-        thr.add_metric([], 1.0 if a.throttle_detected else 0.0)
+        thr.add_metric([], 1.0 if throttle.detected else 0.0)
         yield thr
         share = w.device.throttle_share if w is not None else None
         if share:
@@ -120,7 +131,7 @@ class AnalysisExporter:
             for reason in CLOCKS_EVENT_REASON_NAMES:
                 sh.add_metric([reason], float(share.get(reason, 0.0)))
             yield sh
-        q = a.last_quiesce
+        q = probes.last_quiesce
         if q is not None:
             if q.kv_cache_usage_ratio is not None:
                 fam = BY_NAME["soakd_quiesce_kv_cache_usage_ratio"].family()
@@ -130,18 +141,18 @@ class AnalysisExporter:
                 fam = BY_NAME["soakd_quiesce_gpu_memory_used_bytes"].family()
                 fam.add_metric([], q.memory_used_bytes)
                 yield fam
-        for name, value in (("soakd_quiesce_probes_total", a.quiesce_probes),
-                            ("soakd_canary_checks_total", a.canary_checks),
-                            ("soakd_canary_mismatch_total", a.canary_mismatches),
-                            ("soakd_canary_errors_total", a.canary_errors)):
+        for name, value in (("soakd_quiesce_probes_total", probes.quiesce_probes),
+                            ("soakd_canary_checks_total", probes.canary_checks),
+                            ("soakd_canary_mismatch_total", probes.canary_mismatches),
+                            ("soakd_canary_errors_total", probes.canary_errors)):
             c = BY_NAME[name].family()
             c.add_metric([], float(value))
             yield c
         fc = BY_NAME["soakd_findings_total"].family()
         for kind in FINDING_KINDS + (("ab",) if a.candidates else ()):
             for sev in ("warning", "critical"):
-                fc.add_metric([kind, sev], float(a.finding_counts.get((kind, sev), 0)))
+                fc.add_metric([kind, sev], float(found.counts.get((kind, sev), 0)))
         yield fc
         vp = BY_NAME["soakd_verdict_pass"].family()
-        vp.add_metric([], 0.0 if a.failing else 1.0)
+        vp.add_metric([], 0.0 if found.failing else 1.0)
         yield vp

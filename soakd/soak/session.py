@@ -19,9 +19,11 @@ import structlog
 from soakd import __version__
 from soakd.analysis.drift import baseline_from_report
 from soakd.config import ConfigError, SoakConfig
+from soakd.core.findings import Finding
 from soakd.core.series import Series
 from soakd.core.summary import WindowSummary
 from soakd.core.timeline import SYSTEM_CLOCK, Clock
+from soakd.core.verdict import RunVerdict
 from soakd.store import RunStore, StoreError, StoreUnavailable, hash_config
 
 log = structlog.get_logger("soakd")
@@ -80,11 +82,23 @@ class RunSession:
         self.first_window = (prior.last_window + 1) if prior.last_window is not None else 0
         self.model = prior.model
 
+    async def findings(self) -> dict[str | None, list[Finding]]:
+        """A resumed run's findings so far, per target (None: the reference, or only, target)."""
+        out: dict[str | None, list[Finding]] = {}
+        if self.store is None or not self.resumed:
+            return out
+        for e in await self.store.load_events(self.run_id):
+            data = e.data if isinstance(e.data, dict) else None
+            f = Finding.from_event(data)
+            if f is not None and data is not None:
+                out.setdefault(data.get("target"), []).append(f)
+        return out
+
     async def start(self, model: str, server_kind: str | None) -> None:
         """The run (when new) and this process's segment."""
         store = self._store()
         if not self.resumed:
-            await store.create_run(self.run_id, self.config.redacted(), None, self.config.target.url, model,
+            await store.create_run(self.run_id, self.config.redacted(), None, self.config.target.display_url, model,
                                    server_kind, __version__)
         self.created = True
         self.segment = await store.start_segment(self.run_id, "resume" if self.resumed else "start")
@@ -107,8 +121,10 @@ class RunSession:
             log.error("store_write_failed", what=what, error=str(exc))
             return None
 
-    async def save_window(self, w: WindowSummary) -> None:
-        await self.call("window", self._store().save_window(self.run_id, w.window, w.segment, w, w.partial))
+    async def save_window(self, w: WindowSummary, target: str = "") -> None:
+        """A closed window of the reference target (''), or of an A/B run's other target by name."""
+        await self.call("window", self._store().save_window(self.run_id, w.window, w.segment, w, w.partial,
+                                                            target=target))
 
     async def set_baseline(self, w: WindowSummary) -> None:
         await self.call("baseline", self._store().set_baseline(self.run_id, w.window, w))
@@ -130,15 +146,15 @@ class RunSession:
         if self.store is not None:
             await self.call("heartbeat", self.store.heartbeat(self.run_id))
 
-    async def finish(self, reason: str, verdict: dict[str, Any]) -> None:
+    async def finish(self, reason: str, verdict: RunVerdict) -> None:
         """The verdict and the end of this segment; the end of the run unless the stop leaves it
         resumable (SIGTERM/SIGINT: a pod being rescheduled, a user's Ctrl-C)."""
         store = self._store()
-        await self.call("verdict", store.set_verdict(self.run_id, verdict))
+        await self.call("verdict", store.set_verdict(self.run_id, verdict.dump()))
         await self.call("segment", store.end_segment(self.run_id, self.segment, reason))
         if reason not in GRACEFUL_STOPS:
             await self.call("finish", store.finish_run(self.run_id, reason,
-                                                       status="failed" if verdict.get("result") == "FAIL" else "finished"))
+                                                       status="failed" if verdict.result == "FAIL" else "finished"))
 
     async def close(self) -> None:
         if self.store is not None:

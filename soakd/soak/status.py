@@ -19,6 +19,7 @@ from soakd import __version__
 from soakd.analysis.engine import Analyzer
 from soakd.analysis.window import fmt_ms
 from soakd.config import SoakConfig
+from soakd.core.findings import finding_log
 from soakd.core.summary import WindowSummary
 from soakd.core.timeline import SYSTEM_CLOCK, Clock, Timeline
 from soakd.metrics import SoakMetrics
@@ -101,15 +102,15 @@ class StatusBoard:
     def target_changed(self, up: bool) -> None:
         if up:
             self.target_seen = True
-            log.info("target_up", url=self.config.target.url)
+            log.info("target_up", url=self.config.target.display_url)
         else:
-            log.warning("target_down", url=self.config.target.url,
+            log.warning("target_down", url=self.config.target.display_url,
                         last_error=self.load.recorder.last_error if self.load else None)
 
     def connection_dropped(self, rec: Any) -> None:
         """Once per run: the target dropped a connection while it answered other requests."""
         keep_alive = self.config.target.keep_alive
-        log.warning("connection_dropped_while_up", url=self.config.target.url, reason=rec.reason,
+        log.warning("connection_dropped_while_up", url=self.config.target.display_url, reason=rec.reason,
                     error=rec.error[:200], keep_alive=keep_alive,
                     hint="counted as connection_error; the target stays up. " + (
                         "A server that closes reused keep-alive connections (llama.cpp's llama-server after "
@@ -153,7 +154,7 @@ class StatusBoard:
             "run_id": self.session.run_id,
             "version": __version__,
             "phase": self.phase,
-            "target": cfg.target_list()[0].url,
+            "target": cfg.target_list()[0].display_url,
             "model": self.model,
             "started_at": iso(self.started_wall),
             "duration_seconds": cfg.run.duration,
@@ -205,22 +206,25 @@ class StatusBoard:
 
     def _analysis_status(self) -> dict[str, Any]:
         a = self.analyzer
+        states = a.states()
+        drift, leaks, probes = states["drift"], states["leak"], a.probes
         return {
-            "baseline_window": a.baseline.window if a.baseline else None,
-            "baseline_external": a.baseline_external,
+            "baseline_window": drift.baseline_window,
+            "baseline_external": drift.baseline_external,
             "windows": len(a.history.full()),
-            "drift_detected": sorted(m for m, v in a.drift_active.items() if v),
+            "drift_detected": sorted(m for m, v in drift.active.items() if v),
             "drift": {f"{m}/{ref}": {"ratio": r.ratio, "ci": r.ratio_ci, "status": r.status,
                                      "direction": r.direction, "window": r.window}
-                      for (m, ref), r in sorted(a.drift.items()) if r.scenario is None},
+                      for (m, ref), r in sorted(drift.drift.items()) if r.scenario is None},
             "leaks": {k: {"status": v.status, "growth_per_hour": v.growth_per_hour, "suspected": v.suspected}
-                      for k, v in a.leaks.items()},
-            "throttle_detected": a.throttle_detected,
+                      for k, v in leaks.leaks.items()},
+            "throttle_detected": states["throttle"].detected,
             "canary": self.canary.status() if self.canary is not None else None,
-            "quiesce_probes": a.quiesce_probes,
-            "last_quiesce": a.last_quiesce.model_dump() if a.last_quiesce is not None else None,
-            "findings": a.findings[-10:],
-            "failing": list(dict.fromkeys(a.failing)),
+            "quiesce_probes": probes.quiesce_probes,
+            "last_quiesce": probes.last_quiesce.model_dump() if probes.last_quiesce is not None else None,
+            "findings": [finding_log(f) for f in a.findings[-10:]],
+            "failing": a.failing,
+            "failing_findings": [finding_log(f) for f in a.failing_findings[-20:]],
             "verdict_so_far": "FAIL" if a.failing else "PASS",
         }
 

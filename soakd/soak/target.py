@@ -50,7 +50,7 @@ async def resolve_model(client: OpenAIClient, target: TargetConfig, model: str |
                     + ("check the key" if has_key else "it needs one: pass --api-key-env or --api-key-file")
                 ]) from None
             if not logged:
-                log.warning("target_unreachable", url=target.url, error=f"{type(exc).__name__}: {exc}",
+                log.warning("target_unreachable", url=target.display_url, error=f"{type(exc).__name__}: {exc}",
                             action="retrying until it answers")
                 logged = True
         if loop.time() + delay > deadline:

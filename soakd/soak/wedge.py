@@ -152,7 +152,8 @@ class WedgeWatch:
         """1 during a KV-saturated episode, or while the last closed window holds a KV-saturated finding."""
         if self.kv_gauge is not None:
             live = self.episode is not None and self.episode.get("diagnosis") == "KV cache saturated"
-            self.kv_gauge.value = 1.0 if live or getattr(self.analyzer, "kv_saturated_window", False) else 0.0
+            saturated = getattr(getattr(self.analyzer, "freeze", None), "kv_saturated_window", False)
+            self.kv_gauge.value = 1.0 if live or saturated else 0.0
 
     async def check(self) -> None:
         try:

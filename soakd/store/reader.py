@@ -117,10 +117,7 @@ class StoreReader:
 
     def load_target_windows(self, run_id: str) -> dict[str, list[WindowSummary]]:
         """A/B runs: target -> its windows in index order (the reference's are load_windows)."""
-        try:
-            return rows.q_target_windows(self.conn, run_id)
-        except sqlite3.OperationalError:
-            return {}  # a store before schema v5
+        return rows.q_target_windows(self.conn, run_id)
 
     def load_baseline(self, run_id: str) -> tuple[int, WindowSummary] | None:
         return rows.q_baseline(self.conn, run_id)

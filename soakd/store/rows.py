@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from soakd.core.summary import WindowSummary
-from soakd.store.schema import STATE_DIR_HINT, StoreError
+from soakd.store.schema import REFERENCE_TARGET, STATE_DIR_HINT, StoreError
 
 # --------------------------------------------------------------------------------------------
 # rows returned to callers
@@ -135,8 +135,8 @@ _RUN_SELECT = """
     SELECT r.id, r.created_unix, r.config_json, r.config_hash, r.target, r.model, r.server_kind, r.version,
            r.status, r.ended_unix, r.stop_reason, r.baseline_window, r.verdict_json,
            (SELECT COUNT(*) FROM segments AS s WHERE s.run_id = r.id),
-           (SELECT COUNT(*) FROM windows AS w WHERE w.run_id = r.id),
-           (SELECT MAX(idx) FROM windows AS w WHERE w.run_id = r.id),
+           (SELECT COUNT(*) FROM windows AS w WHERE w.run_id = r.id AND w.target = ''),  -- the reference's
+           (SELECT MAX(idx) FROM windows AS w WHERE w.run_id = r.id AND w.target = ''),
            r.kind
     FROM runs AS r
 """
@@ -167,12 +167,19 @@ def q_latest_unfinished(conn: sqlite3.Connection) -> RunRow | None:
 
 
 def q_target_windows(conn: sqlite3.Connection, run_id: str) -> dict[str, list[WindowSummary]]:
-    """A/B runs: target -> its windows in index order (the reference's are q_windows)."""
+    """A/B runs: each other target -> its windows in index order (the reference's are q_windows)."""
     out: dict[str, list[WindowSummary]] = {}
-    for target, text in conn.execute(
-            "SELECT target, summary_json FROM target_windows WHERE run_id = ? ORDER BY target, idx", (run_id,)):
-        out.setdefault(str(target), []).append(WindowSummary.load(json.loads(text)))
+    for target, idx, segment, partial, text in conn.execute(
+            "SELECT target, idx, segment, partial, summary_json FROM windows WHERE run_id = ? AND target != ? "
+            "ORDER BY target, idx", (run_id, REFERENCE_TARGET)):
+        out.setdefault(str(target), []).append(_window(idx, segment, partial, text))
     return out
+
+
+def _window(idx: int, segment: int, partial: int, text: str) -> WindowSummary:
+    summary = json.loads(text)
+    summary.update(window=idx, partial=bool(partial), segment=segment)
+    return WindowSummary.load(summary)
 
 
 def q_segments(conn: sqlite3.Connection, run_id: str) -> list[SegmentRow]:
@@ -184,15 +191,12 @@ def q_segments(conn: sqlite3.Connection, run_id: str) -> list[SegmentRow]:
     ]
 
 
-def q_windows(conn: sqlite3.Connection, run_id: str, include_partial: bool) -> list[WindowSummary]:
-    out = []
-    for idx, segment, partial, text in conn.execute(
-        "SELECT idx, segment, partial, summary_json FROM windows WHERE run_id = ? "
-        + ("" if include_partial else "AND partial = 0 ") + "ORDER BY idx", (run_id,)):
-        summary = json.loads(text)
-        summary.update(window=idx, partial=bool(partial), segment=segment)
-        out.append(WindowSummary.load(summary))
-    return out
+def q_windows(conn: sqlite3.Connection, run_id: str, include_partial: bool,
+              target: str = REFERENCE_TARGET) -> list[WindowSummary]:
+    """One target's windows in index order (``target`` '' is the run's reference, or only, target)."""
+    return [_window(*r) for r in conn.execute(
+        "SELECT idx, segment, partial, summary_json FROM windows WHERE run_id = ? AND target = ? "
+        + ("" if include_partial else "AND partial = 0 ") + "ORDER BY idx", (run_id, target))]
 
 
 def q_baseline(conn: sqlite3.Connection, run_id: str) -> tuple[int, WindowSummary] | None:

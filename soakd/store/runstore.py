@@ -159,11 +159,12 @@ class RunStore:
     # ---- windows and baseline
     async def save_window(self, run_id: str, idx: int, segment: int, summary: WindowSummary | Mapping[str, Any],
                           partial: bool | None = None, *, start_unix: float | None = None,
-                          end_unix: float | None = None) -> bool:
-        """Upsert window ``idx`` (overall and per-scenario figures inside ``summary``, dumped
-        here once). A partial window may be replaced by a later version; a final one only by a
-        final one (returns False when a partial version is refused). start/end default to the
-        summary's start_unix and start_unix + duration_seconds."""
+                          end_unix: float | None = None, target: str = "") -> bool:
+        """Upsert window ``idx`` of ``target`` ('' the run's reference, or only, target; an A/B run's
+        other targets by name): overall and per-scenario figures inside ``summary``, dumped here once.
+        A partial window may be replaced by a later version; a final one only by a final one (returns
+        False when a partial version is refused). start/end default to the summary's start_unix and
+        start_unix + duration_seconds."""
         summary = _doc(summary)
         is_partial = bool(summary.get("partial", False)) if partial is None else bool(partial)
         start = start_unix if start_unix is not None else summary.get("start_unix")
@@ -172,11 +173,11 @@ class RunStore:
             end = float(start) + float(summary["duration_seconds"])
         text = to_json(summary)
         return await self._call(self._w.save_window, run_id, int(idx), int(segment), text, is_partial, start, end,
-                                time.time())
+                                time.time(), target)
 
-    async def load_windows(self, run_id: str, *, include_partial: bool = True) -> list[WindowSummary]:
+    async def load_windows(self, run_id: str, *, include_partial: bool = True, target: str = "") -> list[WindowSummary]:
         """Window summaries in index order; ``window``, ``partial`` and ``segment`` are the stored values."""
-        return await self._call(self._w.load_windows, run_id, include_partial)
+        return await self._call(self._w.load_windows, run_id, include_partial, target)
 
     async def set_baseline(self, run_id: str, idx: int, summary: WindowSummary | Mapping[str, Any]) -> None:
         await self._call(self._w.set_baseline, run_id, int(idx), to_json(_doc(summary)), time.time())
@@ -190,8 +191,9 @@ class RunStore:
 
     # ---- A/B: the windows of the targets after the first
     async def save_target_window(self, run_id: str, target: str, summary: WindowSummary | Mapping[str, Any]) -> None:
-        doc = _doc(summary)
-        await self._call(self._w.save_target_window, run_id, target, int(doc["window"]), to_json(doc), time.time())
+        """A/B runs: another target's window (the windows table, keyed by its name)."""
+        await self.save_window(run_id, int(_doc(summary)["window"]), int(_doc(summary).get("segment") or 0), summary,
+                               target=target)
 
     async def load_target_windows(self, run_id: str) -> dict[str, list[WindowSummary]]:
         """target -> its windows in index order (A/B runs; the reference's are load_windows)."""

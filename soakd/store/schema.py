@@ -184,6 +184,36 @@ _V5 = (
 )
 
 
+_V6 = (
+    # one windows table keyed by target: the reference's windows (target '') and each other target's
+    # of an A/B run (its name), with the same columns; target_windows folds into it
+    """CREATE TABLE windows_v6 (
+        run_id       TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+        target       TEXT NOT NULL DEFAULT '',
+        idx          INTEGER NOT NULL,
+        segment      INTEGER NOT NULL DEFAULT 0,
+        start_unix   REAL,
+        end_unix     REAL,
+        partial      INTEGER NOT NULL DEFAULT 0,
+        summary_json TEXT NOT NULL,
+        saved_unix   REAL NOT NULL,
+        PRIMARY KEY (run_id, target, idx)
+    )""",
+    """INSERT INTO windows_v6 (run_id, target, idx, segment, start_unix, end_unix, partial, summary_json, saved_unix)
+       SELECT run_id, '', idx, segment, start_unix, end_unix, partial, summary_json, saved_unix FROM windows""",
+    """INSERT INTO windows_v6 (run_id, target, idx, segment, start_unix, end_unix, partial, summary_json, saved_unix)
+       SELECT run_id, target, idx, COALESCE(json_extract(summary_json, '$.segment'), 0),
+              json_extract(summary_json, '$.start_unix'),
+              json_extract(summary_json, '$.start_unix') + json_extract(summary_json, '$.duration_seconds'),
+              COALESCE(json_extract(summary_json, '$.partial'), 0), summary_json, saved_unix
+       FROM target_windows""",
+    "DROP TABLE target_windows",
+    "DROP TABLE windows",
+    "ALTER TABLE windows_v6 RENAME TO windows",
+)
+REFERENCE_TARGET = ""  # the windows table's target of the run's reference (or only) target
+
+
 def _statements(stmts: tuple[str, ...]) -> Callable[[sqlite3.Connection], None]:
     """A migration that executes ``stmts`` in order (inside migrate()'s transaction)."""
     def apply(conn: sqlite3.Connection) -> None:
@@ -194,7 +224,7 @@ def _statements(stmts: tuple[str, ...]) -> Callable[[sqlite3.Connection], None]:
 
 # MIGRATIONS[v] brings a store from schema v to v + 1
 MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = tuple(
-    _statements(v) for v in (_V1, _V2, _V3, _V4, _V5))
+    _statements(v) for v in (_V1, _V2, _V3, _V4, _V5, _V6))
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -409,16 +409,16 @@ class Writer:
 
     # ---- windows, baseline, verdict, events
     def save_window(self, run_id: str, idx: int, segment: int, summary_json: str, partial: bool,
-                    start: float | None, end: float | None, t: float) -> bool:
+                    start: float | None, end: float | None, t: float, target: str = "") -> bool:
         def fn(conn: sqlite3.Connection) -> bool:
             cur = conn.execute(
-                "INSERT INTO windows (run_id, idx, segment, start_unix, end_unix, partial, summary_json, saved_unix) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (run_id, idx) DO UPDATE SET segment = excluded.segment, start_unix = excluded.start_unix, "
-                "end_unix = excluded.end_unix, partial = excluded.partial, summary_json = excluded.summary_json, "
-                "saved_unix = excluded.saved_unix "
+                "INSERT INTO windows (run_id, target, idx, segment, start_unix, end_unix, partial, summary_json, "
+                "saved_unix) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (run_id, target, idx) DO UPDATE SET segment = excluded.segment, "
+                "start_unix = excluded.start_unix, end_unix = excluded.end_unix, partial = excluded.partial, "
+                "summary_json = excluded.summary_json, saved_unix = excluded.saved_unix "
                 "WHERE windows.partial = 1 OR excluded.partial = 0",  # a final window is never replaced by a partial
-                (run_id, idx, segment, start, end, int(partial), summary_json, t))
+                (run_id, target, idx, segment, start, end, int(partial), summary_json, t))
             return cur.rowcount > 0
 
         return bool(self.write(_Op("window", run_id, t, fn)))
@@ -509,16 +509,7 @@ class Writer:
         self._flush_samples(lambda key: True)
         self.retry_pending()
 
-    # ---- A/B: the other targets' windows
-    def save_target_window(self, run_id: str, target: str, idx: int, summary_json: str, t: float) -> None:
-        def fn(conn: sqlite3.Connection) -> None:
-            conn.execute("INSERT INTO target_windows (run_id, target, idx, summary_json, saved_unix) "
-                         "VALUES (?, ?, ?, ?, ?) ON CONFLICT (run_id, target, idx) DO UPDATE SET "
-                         "summary_json = excluded.summary_json, saved_unix = excluded.saved_unix",
-                         (run_id, target, idx, summary_json, t))
-
-        self.write(_Op("window", run_id, t, fn))
-
+    # ---- A/B: the other targets' windows (the same windows table, keyed by target)
     def load_target_windows(self, run_id: str) -> dict[str, list[WindowSummary]]:
         return rows.q_target_windows(self._c(), run_id)
 
@@ -581,8 +572,8 @@ class Writer:
     def load_segments(self, run_id: str) -> list[SegmentRow]:
         return rows.q_segments(self._c(), run_id)
 
-    def load_windows(self, run_id: str, include_partial: bool) -> list[WindowSummary]:
-        return rows.q_windows(self._c(), run_id, include_partial)
+    def load_windows(self, run_id: str, include_partial: bool, target: str = "") -> list[WindowSummary]:
+        return rows.q_windows(self._c(), run_id, include_partial, target)
 
     def load_baseline(self, run_id: str) -> tuple[int, WindowSummary] | None:
         return rows.q_baseline(self._c(), run_id)

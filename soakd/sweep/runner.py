@@ -157,7 +157,7 @@ class SweepRunner:
                                         stop=self._stop, give_up_after=max(60.0, cfg.sweep.step * 2))
             if model is None:
                 return SweepOutcome(self.sweep_id, None, self.stop_reason or "target_unreachable")
-            await store.create_run(self.sweep_id, cfg.redacted(), target=cfg.target.url, model=model, kind="sweep")
+            await store.create_run(self.sweep_id, cfg.redacted(), target=cfg.target.display_url, model=model, kind="sweep")
             self.state.phase = "running"
             decision = Decision(False)
             for i, level in enumerate(self.levels):
@@ -259,7 +259,7 @@ class SweepRunner:
             "schema": SCHEMA,
             "sweep": self.sweep_id,
             "created_unix": time.time(),
-            "target": cfg.target.url,
+            "target": cfg.target.display_url,
             "model": model,
             "mode": self.mode,
             "levels": st.levels,

@@ -41,7 +41,7 @@ async def soak(cfg: Any) -> tuple[Runtime, dict[str, Any]]:
     runtime = Runtime(cfg, progress=False, new_run=True)
     out = await asyncio.wait_for(runtime.run(), 90)
     assert out.verdict is not None
-    return runtime, out.verdict
+    return runtime, out.verdict.dump()
 
 
 def run_ab(verdict: dict[str, Any], metric: str) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from helpers import QUICK_SIM, SoakdProcess, free_port, http_get, report_of, run
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]
 
-WINDOW_ROW = re.compile(r"^\s+(\d+)(\*?)\s+(\d+)\s+[\d.]+\s+\d+\s+\d+/\d+\s+\d+/\d+\s+\d+\s+([\d.]+)%$")
+WINDOW_ROW = re.compile(r"^\s+(\d+)(\*?)\s+(\d+)\s+[\d.]+\s+\d+\s+\d+/\d+\s+\d+/\d+\s+\d+\s+([\d.]+)%(?:\s+\S.*)?$")  # notes may follow
 
 
 def summary_rows(out: str) -> list[tuple[int, bool, int, float]]:

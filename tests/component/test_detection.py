@@ -164,7 +164,7 @@ class Soak:
             outcome = await asyncio.wait_for(self.task, timeout)
             # every window the run closed, as the report has them, and the verdict
             self.final = {"windows": [w.dump() for w in self.daemon.analyzer.history.closed],
-                          "verdict": outcome.verdict}
+                          "verdict": outcome.verdict.dump() if outcome.verdict is not None else None}
             return self.final
         finally:
             self._monitor.cancel()
@@ -230,14 +230,14 @@ async def test_latency_step_is_flagged_live_and_located_at_the_end(tmp_path: Pat
     assert min(w["requests"] for w in windows) >= 110, [w["requests"] for w in windows]  # p95s judged
     assert [p.window for p in d.analyzer.pool] == [0, 1, 2] and d.analyzer.baseline.window == 0
 
-    live = [f for f in d.analyzer.findings if f["kind"] == "drift" and f["diagnosis"] == "performance drift"]
-    assert live and all(f["window"] >= k for f in live), ([(f["window"], f["message"]) for f in live], stalls)
-    first = min(f["window"] for f in live)
-    assert first in (k, k + 1), ([(f["window"], f["message"]) for f in live], stalls)
-    f = next(f for f in live if f["window"] == first)
-    assert f["severity"] == "warning"
-    hits = [r for r in f["evidence"]["drift"] if r["metric"] in LATENCY and r["direction"] == "degraded"]
-    assert hits, f["message"]
+    live = [f for f in d.analyzer.findings if f.kind == "drift" and f.diagnosis == "performance drift"]
+    assert live and all(f.window >= k for f in live), ([(f.window, f.message) for f in live], stalls)
+    first = min(f.window for f in live)
+    assert first in (k, k + 1), ([(f.window, f.message) for f in live], stalls)
+    f = next(f for f in live if f.window == first)
+    assert f.severity == "warning"
+    hits = [r for r in f.evidence["drift"] if r["metric"] in LATENCY and r["direction"] == "degraded"]
+    assert hits, f.message
     for r in hits:
         assert r["ratio"] > 0.05 and r["ratio_ci"][0] > 0.05 and r["tier"] == "confident", r
     # the step's size, measured: +50% on the simulator's delays; soakd's own scheduling delay on a busy
@@ -311,8 +311,8 @@ async def test_stationary_noisy_simulator_is_not_flagged_over_twenty_windows(tmp
     not_ok = [r.message() for r in judged if r.status != "ok"]
     assert not_ok == [], (not_ok, f"loop stalls (ms) by window: {stalls}")
     assert all(r.status == "insufficient" for r in results if r.window in impaired)
-    assert [f for f in d.analyzer.findings if f["severity"] != "info"] == [], (
-        [f["message"] for f in d.analyzer.findings], stalls)
+    assert [f for f in d.analyzer.findings if f.severity != "info"] == [], (
+        [f.message for f in d.analyzer.findings], stalls)
     for s in soak.seen:
         assert all(value(s["samples"], "soakd_drift_detected", metric=m) == 0 for m in metrics), s["window"]
     last = samples(d)
@@ -369,18 +369,18 @@ async def test_kv_leak_is_diagnosed_as_kv_cache_not_released(tmp_path: Path) -> 
     assert all(b >= a for a, b in zip(residues, residues[1:])) and residues[-1] > 0.05, probes  # only grows
     assert leaked > 0 and probes[-1][1] <= leaked / 4096 + 1e-9
 
-    kv = [f for f in d.analyzer.findings if f["kind"] == "leak" and f["evidence"]["source"] == "kv_residue"]
+    kv = [f for f in d.analyzer.findings if f.kind == "leak" and f.evidence["source"] == "kv_residue"]
     assert len(kv) == 1, d.analyzer.findings  # reported once, when it becomes suspected
     f = kv[0]
-    assert f["diagnosis"] == "KV cache not released" and f["severity"] == "critical"
-    assert f["window"] == probes[5][0]  # at the 6th probe (min_windows)
-    ev = f["evidence"]
+    assert f.diagnosis == "KV cache not released" and f.severity == "critical"
+    assert f.window == probes[5][0]  # at the 6th probe (min_windows)
+    ev = f.evidence
     assert ev["suspected"] and ev["significant"] and ev["n_windows"] == 6 and ev["projected"] > 0.02
     assert ev["ci"][0] > 0 and ev["residue"] > 0.02
-    assert {x["diagnosis"] for x in d.analyzer.findings if x["kind"] == "leak"} == {"KV cache not released"}
+    assert {x.diagnosis for x in d.analyzer.findings if x.kind == "leak"} == {"KV cache not released"}
 
     by_window = soak.by_window()
-    before = [s["window"] for s in soak.seen if s["window"] < f["window"]]
+    before = [s["window"] for s in soak.seen if s["window"] < f.window]
     assert before and all(value(by_window[i], "soakd_memory_leak_suspected", source="kv_residue") in (0, None)
                           for i in before)
     last = samples(d)
@@ -389,12 +389,12 @@ async def test_kv_leak_is_diagnosed_as_kv_cache_not_released(tmp_path: Path) -> 
     assert value(last, "soakd_quiesce_probes_total") >= len(probes)
     assert value(last, "soakd_quiesce_kv_cache_usage_ratio") == pytest.approx(probes[-1][1])
     print(f"\nkv leak: {leaked} blocks leaked; idle KV usage at the probes {[(w, round(v, 4)) for w, v in probes]}; "
-          f"flagged in window {f['window']}: {f['message']}")
+          f"flagged in window {f.window}: {f.message}")
 
     stored = events(soak.state_dir, d.run_id)
     assert sum(e.kind == "quiesce" for e in stored) >= len(probes)
     leak_events = [e for e in stored if e.kind == "leak" and e.data["evidence"]["source"] == "kv_residue"]
-    assert len(leak_events) == 1 and leak_events[0].window == f["window"]
+    assert len(leak_events) == 1 and leak_events[0].window == f.window
     assert leak_events[0].message.startswith("KV cache not released:")
     assert final["verdict"]["passed"] is False
     assert any(r.startswith("leak: idle KV residue") for r in final["verdict"]["reasons"]), final["verdict"]
@@ -420,32 +420,32 @@ async def test_device_memory_leak_is_diagnosed_as_memory_leak(tmp_path: Path) ->
     mins = [(w["device"].get("memory_used_bytes") or {}).get("min") for w in final["windows"]]
     assert None not in mins and all(b > a for a, b in zip(mins, mins[1:])), (mins, soak.stalls_by_window())
 
-    mem = [f for f in d.analyzer.findings if f["kind"] == "leak"]
+    mem = [f for f in d.analyzer.findings if f.kind == "leak"]
     assert len(mem) == 1, d.analyzer.findings
     f = mem[0]
-    assert f["diagnosis"] == "memory leak" and f["severity"] == "critical"
-    ev = f["evidence"]
+    assert f.diagnosis == "memory leak" and f.severity == "critical"
+    ev = f.evidence
     assert ev["source"] == "device_memory" and ev["unit"] == "bytes" and ev["points"] == "probes"
     assert ev["n_windows"] == 8 and ev["pattern"] == "sustained climb" and ev["fails"]
     probed = [w["window"] for w in final["windows"] if (w.get("quiesce") or {}).get("memory_used_bytes")]
-    assert f["window"] == probed[7]  # the 8th probe: 6 in the sustained part
+    assert f.window == probed[7]  # the 8th probe: 6 in the sustained part
     growth = ev["growth_per_hour"]
     assert 0.7 * 3600 * GIB < growth < 1.3 * 3600 * GIB, growth / GIB
     assert ev["ci"][0] > 0 and ev["hours_to_exhaustion"] < 0.1
 
     by_window = soak.by_window()
     assert all(value(by_window[i], "soakd_memory_leak_suspected", source="device_memory") == 0
-               for i in range(f["window"]))
+               for i in range(f.window))
     last = samples(d)
     assert value(last, "soakd_memory_leak_suspected", source="device_memory") == 1
     assert value(last, "soakd_memory_leak_suspected", source="kv_cache") == 0
     assert value(last, "soakd_memory_growth_bytes_per_hour", source="device_memory") > 0.7 * 3600 * GIB
     print(f"\ndevice memory leak: window minima (GiB) {[round(m / GIB, 2) for m in mins]}; flagged in window "
-          f"{f['window']}: growth {growth / GIB:.0f} GiB/h (CI {ev['ci'][0] / GIB:.0f}..{ev['ci'][1] / GIB:.0f}), "
+          f"{f.window}: growth {growth / GIB:.0f} GiB/h (CI {ev['ci'][0] / GIB:.0f}..{ev['ci'][1] / GIB:.0f}), "
           f"memory exhausted in {ev['hours_to_exhaustion'] * 3600:.0f} s at that rate")
 
     assert value(last, "soakd_memory_steps", source="device_memory") == 0  # a linear leak is no staircase
-    assert not [x for x in d.analyzer.findings if x["diagnosis"] == "memory steps"]
+    assert not [x for x in d.analyzer.findings if x.diagnosis == "memory steps"]
     stored = [e for e in events(soak.state_dir, d.run_id) if e.kind == "leak"]
     assert len(stored) == 1 and stored[0].message.startswith("memory leak: device_memory (idle, 8 probes): sustained")
     assert final["verdict"]["passed"] is False
@@ -479,13 +479,13 @@ async def test_device_memory_in_steps_is_named_memory_steps_not_a_leak(tmp_path:
     # the staircase as soakd saw it: 0, 512, 1024, 1536 MiB above the base, each level held 2+ probes
     assert sorted({v for _, v in idle}) == [0, 512, 1024, 1536] and [v for _, v in idle] == sorted(v for _, v in idle), idle
 
-    leaks = [f for f in d.analyzer.findings if f["kind"] == "leak"]
-    assert [f["diagnosis"] for f in leaks] == ["memory steps"], (idle, leaks)
+    leaks = [f for f in d.analyzer.findings if f.kind == "leak"]
+    assert [f.diagnosis for f in leaks] == ["memory steps"], (idle, leaks)
     f = leaks[0]
-    ev = f["evidence"]
-    assert f["severity"] == "warning" and ev["source"] == "device_memory" and ev["points"] == "probes"
+    ev = f.evidence
+    assert f.severity == "warning" and ev["source"] == "device_memory" and ev["points"] == "probes"
     assert ev["pattern"] == "staircase" and not ev["suspected"] and ev["fails"] is False and ev["kv_flat"] is True
-    assert ev["steps"] >= 2 and "not a linear leak" in f["message"] and "KV usage flat" in f["message"]
+    assert ev["steps"] >= 2 and "not a linear leak" in f.message and "KV usage flat" in f.message
     final_dm = d.analyzer.leaks["device_memory"]
     assert final_dm.pattern == "staircase" and final_dm.steps == 3 and final_dm.steps_ongoing is False
     assert final_dm.steps_bytes == pytest.approx(1536 * 2**20, rel=0.02)
@@ -508,10 +508,10 @@ async def test_device_memory_in_steps_is_named_memory_steps_not_a_leak(tmp_path:
     assert len(more) == 3 - ev["steps"]  # the steps after it was named, one info event each
     rep = report_of(soak.state_dir, d.run_id)
     (row,) = [r for r in rep["troubleshooting"] if r["diagnosis"] == "memory steps"]
-    assert row["severity"] == "warning" and row["windows"] == [f["window"]] and "graph" in row["seen"]
+    assert row["severity"] == "warning" and row["windows"] == [f.window] and "graph" in row["seen"]
     assert any(lk["source"] == "device_memory" and lk["pattern"] == "staircase" for lk in rep["verdict"]["leaks"])
-    print(f"\nmemory steps: idle probes (window, MiB above base) {idle}; named in window {f['window']}: "
-          f"{f['message']}; at the end: {final_dm.message()}")
+    print(f"\nmemory steps: idle probes (window, MiB above base) {idle}; named in window {f.window}: "
+          f"{f.message}; at the end: {final_dm.message()}")
 
 
 @pytest.mark.timeout(120)
@@ -538,21 +538,21 @@ async def test_xid_and_uncorrected_ecc_errors_fail_the_run_at_once(tmp_path: Pat
 
     soak = await attempt(tmp_path / "run")
     d, final = soak.daemon, soak.final
-    found = {f["diagnosis"]: f for f in d.analyzer.findings if f["kind"] == "gpu"}
+    found = {f.diagnosis: f for f in d.analyzer.findings if f.kind == "gpu"}
     assert set(found) == {"GPU Xid error", "uncorrectable ECC error"}, d.analyzer.findings
     xid, ecc = found["GPU Xid error"], found["uncorrectable ECC error"]
     # the window of the first sample after the event: k, or k + 1 if the sampler ran 1.5 s late
-    assert xid["window"] in (k, k + 1) and ecc["window"] == xid["window"], (xid, ecc, soak.stalls_by_window())
-    assert xid["severity"] == ecc["severity"] == "critical"
-    assert xid["evidence"]["xid"] == 79 and xid["evidence"]["events"] == 1
-    assert "GPU has fallen off the bus" in xid["message"] and "reboot the node" in xid["message"]
-    assert ecc["evidence"]["ecc_uncorrected"] == 2 and ecc["evidence"]["total"] == 7
+    assert xid.window in (k, k + 1) and ecc.window == xid.window, (xid, ecc, soak.stalls_by_window())
+    assert xid.severity == ecc.severity == "critical"
+    assert xid.evidence["xid"] == 79 and xid.evidence["events"] == 1
+    assert "GPU has fallen off the bus" in xid.message and "reboot the node" in xid.message
+    assert ecc.evidence["ecc_uncorrected"] == 2 and ecc.evidence["total"] == 7
     reasons = final["verdict"]["reasons"]
-    assert f"gpu: GPU Xid error (window {xid['window']})" in reasons
-    assert f"gpu: uncorrectable ECC error (window {ecc['window']})" in reasons and not final["verdict"]["passed"]
+    assert f"gpu: GPU Xid error (window {xid.window})" in reasons
+    assert f"gpu: uncorrectable ECC error (window {ecc.window})" in reasons and not final["verdict"]["passed"]
     stored = [e for e in events(soak.state_dir, d.run_id) if e.kind == "gpu"]
     assert len(stored) == 2 and all(e.severity == "critical" for e in stored)
-    print(f"\nGPU errors: {xid['message']}; {ecc['message']}")
+    print(f"\nGPU errors: {xid.message}; {ecc.message}")
 
 
 @pytest.mark.timeout(120)
@@ -571,19 +571,19 @@ async def test_a_server_restart_is_recognised_from_its_metrics_and_is_no_leak(tm
 
     soak = await attempt(tmp_path / "run")
     d, final = soak.daemon, soak.final
-    restarted = [f for f in d.analyzer.findings if f["diagnosis"] == "target restarted"]
+    restarted = [f for f in d.analyzer.findings if f.diagnosis == "target restarted"]
     assert len(restarted) == 1, d.analyzer.findings
     f = restarted[0]
-    assert f["evidence"]["restarts"] == 1 and "by its own metrics" in f["message"], f
+    assert f.evidence["restarts"] == 1 and "by its own metrics" in f.message, f
     assert value(samples(d), "soakd_server_restarts_total") == 1
-    assert not [x for x in d.analyzer.findings if x["kind"] == "leak"]
+    assert not [x for x in d.analyzer.findings if x.kind == "leak"]
     assert all((w.get("server") or {}).get("ttft_mean_seconds") is None or w["server"]["ttft_mean_seconds"] > 0
                for w in final["windows"])
     rep = report_of(soak.state_dir, d.run_id)
     assert rep["run"]["server_restarts"] == 1
     (row,) = [r for r in rep["table"] if r["server_restarts"]]
-    assert row["window"] == f["window"] and "server restarted" in row["notes"]
-    print(f"\nrestart: window {f['window']}: {f['message']}")
+    assert row["window"] == f.window and "server restarted" in row["notes"]
+    print(f"\nrestart: window {f.window}: {f.message}")
 
 
 @pytest.mark.timeout(120)
@@ -604,12 +604,12 @@ async def test_target_host_memory_leak_from_the_servers_own_metrics(tmp_path: Pa
     assert all(h.get("target_memory_source") == "server_metrics" for h in hosts), hosts
     floors = [h["target_rss_bytes"]["min"] for h in hosts]
     assert all(b > a for a, b in zip(floors, floors[1:])), floors
-    leaks = [f for f in d.analyzer.findings if f["kind"] == "leak" and f["evidence"]["source"] == "target_rss"]
+    leaks = [f for f in d.analyzer.findings if f.kind == "leak" and f.evidence["source"] == "target_rss"]
     assert len(leaks) == 1, d.analyzer.findings
-    ev = leaks[0]["evidence"]
-    assert leaks[0]["diagnosis"] == "memory leak" and 0.6 * 3600 * GIB < ev["growth_per_hour"] < 1.4 * 3600 * GIB
+    ev = leaks[0].evidence
+    assert leaks[0].diagnosis == "memory leak" and 0.6 * 3600 * GIB < ev["growth_per_hour"] < 1.4 * 3600 * GIB
     assert value(samples(d), "soakd_memory_leak_suspected", source="target_rss") == 1
-    print(f"\nhost memory: floors (GiB) {[round(x / GIB, 1) for x in floors]}; {leaks[0]['message']}")
+    print(f"\nhost memory: floors (GiB) {[round(x / GIB, 1) for x in floors]}; {leaks[0].message}")
 
 
 @pytest.mark.timeout(120)
@@ -641,24 +641,24 @@ async def test_thermal_throttle_episode_is_diagnosed_as_throttling(tmp_path: Pat
 
     by_window = soak.by_window()
     assert [value(by_window[i], "soakd_throttle_detected") for i in range(8)] == [0, 0, 0, 0, 1, 1, 0, 0]
-    throttle = [f for f in d.analyzer.findings if f["kind"] == "throttle"]
-    assert [f["window"] for f in throttle] == [k, k + 1], d.analyzer.findings
+    throttle = [f for f in d.analyzer.findings if f.kind == "throttle"]
+    assert [f.window for f in throttle] == [k, k + 1], d.analyzer.findings
     f = throttle[0]
-    assert f["diagnosis"] == "throttling" and f["severity"] == "critical"  # with latency drift
-    assert "thermal throttling" in f["message"]
-    drift = {r["metric"]: r for r in f["evidence"]["drift"]}
-    assert {"e2e_p50", "ttft_p50", "itl_p50"} <= set(drift), f["message"]
+    assert f.diagnosis == "throttling" and f.severity == "critical"  # with latency drift
+    assert "thermal throttling" in f.message
+    drift = {r["metric"]: r for r in f.evidence["drift"]}
+    assert {"e2e_p50", "ttft_p50", "itl_p50"} <= set(drift), f.message
     # latency x1/0.5 (+100%), diluted on a busy machine by soakd's own delay, which the clock does not slow
     assert all(drift[m]["direction"] == "degraded" and 0.5 < drift[m]["ratio"] < 1.3
                for m in ("e2e_p50", "ttft_p50", "itl_p50")), drift
-    t = {x["reason"]: x for x in f["evidence"]["throttle"]}
+    t = {x["reason"]: x for x in f.evidence["throttle"]}
     assert {"sw_thermal", "hw_thermal"} <= set(t)
     sw = t["sw_thermal"]
     assert sw["detected"] and sw["share"] > 0.5 and sw["sm_clock_reference_kind"] == "baseline"
     assert 0.3 < sw["sm_clock_drop_ratio"] <= 0.5, sw  # the SM clock at 0.5 of max (most of the window)
     assert sw["sm_clock_reference"] == pytest.approx(1980e6)
     print(f"\nthrottle: throttle_share by window { {i: round(s.get('sw_thermal', 0), 2) for i, s in shares.items()} }; "
-          f"window {f['window']}: {f['message']}")
+          f"window {f.window}: {f.message}")
 
     stored = [e for e in events(soak.state_dir, d.run_id) if e.kind == "throttle"]
     assert [e.window for e in stored] == [k, k + 1] and all(e.severity == "critical" for e in stored)
@@ -692,16 +692,16 @@ async def test_canary_mismatch_is_reported(tmp_path: Path) -> None:
     last = samples(d)
     assert value(last, "soakd_canary_mismatch_total") >= 1 and value(last, "soakd_canary_errors_total") == 0
 
-    canary = [f for f in d.analyzer.findings if f["kind"] == "canary"]
-    assert canary and canary[0]["window"] == k, d.analyzer.findings
+    canary = [f for f in d.analyzer.findings if f.kind == "canary"]
+    assert canary and canary[0].window == k, d.analyzer.findings
     f = canary[0]
-    assert f["diagnosis"] == "output changed" and f["severity"] == "critical"
-    ev = f["evidence"]
+    assert f.diagnosis == "output changed" and f.severity == "critical"
+    ev = f.evidence
     assert ev["idle"] is True and ev["digest"] != ev["reference"] and ev["text"]
-    assert "on an idle server" in f["message"]
+    assert "on an idle server" in f.message
     print(f"\ncanary: {int(value(last, 'soakd_canary_checks_total'))} checks, "
-          f"{int(value(last, 'soakd_canary_mismatch_total'))} mismatches from window {f['window']}: "
-          f"{f['message'][:120]}")
+          f"{int(value(last, 'soakd_canary_mismatch_total'))} mismatches from window {f.window}: "
+          f"{f.message[:120]}")
 
     stored = events(soak.state_dir, d.run_id)
     ref = [e for e in stored if e.kind == "canary_reference"]
@@ -736,7 +736,7 @@ async def test_soakd_stalling_itself_is_client_impaired_and_inconclusive(tmp_pat
     assert impaired == [w["window"] for w in windows], [(w["window"], w.get("client")) for w in windows]
     c = windows[0]["client"]
     assert c["loop_lag_max_seconds"] >= 0.25 and c["heartbeats"] > 50 and "one stall of" in c["impaired_reason"]
-    assert not [f for f in d.analyzer.findings if f["kind"] == "drift"], d.analyzer.findings
+    assert not [f for f in d.analyzer.findings if f.kind == "drift"], d.analyzer.findings
     assert d.analyzer.pool == [] and final["verdict"]["result"] == "INCONCLUSIVE", final["verdict"]
     by_window = soak.by_window()
     assert all(value(by_window[i], "soakd_window_client_impaired") == 1 for i in impaired)
@@ -764,11 +764,11 @@ async def test_a_wedged_engine_is_found_live_while_its_front_end_answers(tmp_pat
             await asyncio.sleep(0.1)
         await soak.finish(60)
     d, final = soak.daemon, soak.final
-    wedged = [f for f in d.analyzer.findings if f["diagnosis"] == "engine wedged"]
+    wedged = [f for f in d.analyzer.findings if f.diagnosis == "engine wedged"]
     assert wedged, d.analyzer.findings
     for f in wedged:
-        ev = f["evidence"]
-        assert f["severity"] == "critical" and ev["in_flight"] >= 1 and ev["threshold_seconds"] >= 1.0
+        ev = f.evidence
+        assert f.severity == "critical" and ev["in_flight"] >= 1 and ev["threshold_seconds"] >= 1.0
         # found live: within 2.5 s of the threshold (a check a second, one GET /models)
         assert ev["threshold_seconds"] <= ev["silence_seconds"] <= ev["threshold_seconds"] + 2.5, ev
     assert d.wedge is not None and d.wedge.episodes == len(wedged)
@@ -776,7 +776,7 @@ async def test_a_wedged_engine_is_found_live_while_its_front_end_answers(tmp_pat
     assert 1.0 in flags and flags[-1] == 0.0, flags  # up during a wedge, down after it
     assert any(e.kind == "freeze" and e.message.startswith("engine recovered") for e in events(soak.state_dir, d.run_id))
     assert any(r.startswith("freeze: engine wedged") for r in final["verdict"]["reasons"])
-    print(f"\nwedge: {[(f['window'], round(f['evidence']['silence_seconds'], 2)) for f in wedged]} (window, silence "
+    print(f"\nwedge: {[(f.window, round(f.evidence['silence_seconds'], 2)) for f in wedged]} (window, silence "
           f"when found); gauge 1 for {sum(v for v in flags) * 0.1:.1f} s")
 
 
@@ -804,11 +804,11 @@ async def test_a_wedge_soakds_streams_cannot_see_is_found_from_the_servers_token
         await soak.finish(60)
         started = sim.model.started  # the simulator's uptime clock is time.monotonic, as the loop's
     d, final = soak.daemon, soak.final
-    wedged = [f for f in d.analyzer.findings if f["diagnosis"] == "engine wedged"]
+    wedged = [f for f in d.analyzer.findings if f.diagnosis == "engine wedged"]
     assert wedged, d.analyzer.findings
     for f in wedged:
-        ev = f["evidence"]
-        assert f["severity"] == "critical" and ev["sources"] == ["server_tokens"], ev
+        ev = f.evidence
+        assert f.severity == "critical" and ev["sources"] == ["server_tokens"], ev
         assert ev["silence_seconds"] is None and ev["server_requests_running"] >= 1
         # judged over scrapes spanning the threshold, found within a check and a few scrapes of it
         assert ev["threshold_seconds"] <= ev["server_tokens_flat_seconds"] <= ev["threshold_seconds"] + 2.5, ev
@@ -820,7 +820,7 @@ async def test_a_wedge_soakds_streams_cannot_see_is_found_from_the_servers_token
     assert all(0.9 <= x <= 4.0 for x in delays), delays
     assert any(r.startswith("freeze: engine wedged") for r in final["verdict"]["reasons"])
     print(f"\nwedge from the server's counter: seconds from freeze start to soakd_engine_wedged 1: {delays}; "
-          f"flat span when found {[round(f['evidence']['server_tokens_flat_seconds'], 2) for f in wedged]}")
+          f"flat span when found {[round(f.evidence['server_tokens_flat_seconds'], 2) for f in wedged]}")
 
 
 @pytest.mark.timeout(120)
@@ -838,20 +838,20 @@ async def test_an_engine_freeze_is_found_while_soakd_stays_punctual(tmp_path: Pa
     d, final = soak.daemon, soak.final
     windows = [w for w in final["windows"] if not w["partial"]]
     spans = {w["window"]: (w.get("client") or {}).get("freeze_max_seconds") or 0.0 for w in windows}
-    frozen = [f for f in d.analyzer.findings if f["kind"] == "freeze"]
+    frozen = [f for f in d.analyzer.findings if f.kind == "freeze"]
     assert frozen, (spans, d.analyzer.findings)
     for f in frozen:
-        assert f["diagnosis"] in ("server froze", "engine wedged") and f["severity"] == "critical"
-        if f["diagnosis"] == "server froze":
-            assert 1.0 <= f["evidence"]["freeze_seconds"] <= 2.0 and f["evidence"]["loop_lag_max_seconds"] < 0.5, f
+        assert f.diagnosis in ("server froze", "engine wedged") and f.severity == "critical"
+        if f.diagnosis == "server froze":
+            assert 1.0 <= f.evidence["freeze_seconds"] <= 2.0 and f.evidence["loop_lag_max_seconds"] < 0.5, f
         else:
-            assert 1.0 <= f["evidence"]["silence_seconds"] <= 2.0, f
+            assert 1.0 <= f.evidence["silence_seconds"] <= 2.0, f
     assert max(spans.values()) >= 1.2, spans  # the freezes were seen ...
     assert len(frozen) >= 2, spans  # ... in most windows (one every 4 s, windows of 2 s)
     assert value(samples(d), "soakd_window_freeze_seconds") is not None
     assert final["verdict"]["result"] == "FAIL"
     assert any(r.startswith("freeze: ") for r in final["verdict"]["reasons"])
-    print(f"\nfreeze: longest silence by window {spans}; findings in windows {[f['window'] for f in frozen]}")
+    print(f"\nfreeze: longest silence by window {spans}; findings in windows {[f.window for f in frozen]}")
 
 
 @pytest.mark.timeout(120)
@@ -880,14 +880,14 @@ async def test_a_kv_cache_saturated_and_stuck_is_named_as_such_and_pages_once(tm
         await soak.finish(60)
         started = sim.model.started  # the simulator's uptime clock is time.monotonic, as the loop's
     d, final = soak.daemon, soak.final
-    named = [f for f in d.analyzer.findings if f["diagnosis"] == "KV cache saturated"]
+    named = [f for f in d.analyzer.findings if f.diagnosis == "KV cache saturated"]
     assert len(named) == 1, d.analyzer.findings
-    assert not [f for f in d.analyzer.findings if f["diagnosis"] in ("engine wedged", "server froze")]
+    assert not [f for f in d.analyzer.findings if f.diagnosis in ("engine wedged", "server froze")]
     (f,) = named
-    ev = f["evidence"]
-    assert f["kind"] == "freeze" and f["severity"] == "critical" and f["window"] == 3, f
+    ev = f.evidence
+    assert f.kind == "freeze" and f.severity == "critical" and f.window == 3, f
     assert ev["server_kv_cache_usage_ratio"] == 1.0 and ev["server_requests_running"] >= 1
-    assert "KV cache is full" in f["message"]
+    assert "KV cache is full" in f.message
     ups = [t for (t, v, _), (_, before, _) in zip(seen[1:], seen) if v == 1.0 and before == 0.0]
     assert len(ups) == 1 and seen[-1][1] == 0.0, seen
     delay = ups[0] - (started + at)  # from the fault's start to soakd_kv_cache_saturated 1
@@ -923,7 +923,7 @@ async def test_a_busy_server_near_a_full_kv_cache_that_keeps_generating_is_not_s
     longest = max((w["server"].get("kv_saturated") or {}).get("longest_seconds", 0.0) for w in windows)
     # the rule had pinned spans past its threshold (0.25 s, 3x the e2e p99 of ~0.11 s: ~0.33 s) to judge ...
     assert kv_max >= 0.98 and longest >= 0.45, windows
-    assert not [f for f in d.analyzer.findings if f["kind"] == "freeze"], d.analyzer.findings  # ... none stuck
+    assert not [f for f in d.analyzer.findings if f.kind == "freeze"], d.analyzer.findings  # ... none stuck
     assert set(seen) == {0.0}
     print(f"\nbusy near-full KV cache: max usage {kv_max:.3f}, pinned {pinned:.1f} s over the windows (longest "
           f"{longest:.2f} s), "

@@ -309,7 +309,7 @@ async def test_every_catalogue_metric_appears_in_a_live_scrape(tmp_path: Path) -
         runtime = Runtime(cfg, progress=False, nvml_module=fake_pynvml, new_run=True)
         task = asyncio.create_task(runtime.run())
         try:
-            await wait_until(lambda: runtime.analyzer.quiesce_probes >= 2 and len(runtime.analyzer.history) >= 2,
+            await wait_until(lambda: runtime.analyzer.probes.quiesce_probes >= 2 and len(runtime.analyzer.history) >= 2,
                              timeout=20, what="two windows and two quiesce probes")
             _, text = await scrape(runtime.web.url)
         finally:

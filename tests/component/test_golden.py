@@ -30,6 +30,47 @@ judged per running request at the run's median running count (a slower server ho
 and their KV, at once), so in ``analysis.json`` the kv_cache growth, interval, projection and
 first/last values moved (none was or is suspected); nothing else.
 
+Regenerated for issue 20 (item 11, statistics that scipy provides come from scipy), ``analysis.json``
+only: the Poisson (Garwood) interval of requests/s is exact (``scipy.stats.chi2``) instead of the
+Wilson–Hilferty approximation, so what is derived from that interval moved in the 7th significant
+digit or beyond: ``requests_per_second``'s detectable change (``one_window`` 3.2230208690 ->
+3.2230207300, ``pooled_12_windows`` 1.1543568286 -> 1.1543567920, and its
+``soakd_drift_detectable_ratio``), noise floor (0.166966078 -> 0.166975711) and stability
+``spread_lower`` (0.411585230 -> 0.411620723). No flag, finding or verdict moved.
+And again, ``analysis.json`` only, when ``theil_sen`` became ``scipy.stats.theilslopes``: Sen's
+interval places its bounds at the nearest ranks (scipy's rounding) where it was rounded outwards, so
+a bound lies off the list of slopes (infinite) below 5 points instead of below 6, and intervals are
+a rank narrower where the outward rounding had widened them. What moved, all leak intervals of
+sources not suspected before or after: ``device_memory`` (judged part of 5 probes, windows 6, 7 and
+the verdict) ``ci`` -inf..inf -> -6.433e12..4.394e12 B/h, at window 4 (5 probes) -inf..inf ->
+-4.137e12..6.611e12; ``kv_cache`` (7 windows: windows 6, 7, verdict) -51.46..38.34 -> -45.03..28.07
+ratio/h, at window 4 (5 windows) -inf..inf -> -57.88..59.76; ``kv_residue`` at window 1 (2 probes,
+both 0) -inf..inf -> 0..0 (every y tied: the interval is the zero slope, as scipy has it). No slope,
+status, flag, finding or verdict moved.
+
+Regenerated for issue 20 (item 6, secrets by type, not by name), ``report-*.{json,md}`` only: the
+report shows the stored configuration as it is (credentials were masked by their type when it was
+stored), no longer masking keys whose names merely look secret, so ``run.config.target.timeouts.first_token``
+("***" -> "5m") and ``run.config.sim.ttft_per_prompt_token`` ("***" -> 2e-05) show their values.
+Nothing else moved.
+
+Regenerated for issue 20 (one typed run result), checked key by key: the JSON files gain only keys —
+the report's ``schema_version``; each finding's ``last_window``, ``metrics``, ``fails`` and ``why``
+(and, in the report, its ``title``, ``section`` and ``runbook``); the table rows' ``not_judged``; the
+troubleshooting rows' ``title``, ``runbook`` and ``fails``; the verdict's ``schema_version``,
+``exit_code``, ``interim``, ``failing``, ``judged`` and ``not_judged``; ``/status``'s
+``failing_findings``; and, in ``analysis.json``, the end-of-run change finding's ``changes`` (one
+finding per span of windows) and ``significant_by`` in the stability of the one metric that change
+names. One value moved, in ``analysis.json``: that metric's ``significant`` (false -> true: a
+confident change point is significance the spread test could not see); an infinite bound in the JSON
+verdict would now be null (``-Infinity`` is not JSON), but after the scipy change above none is left
+in these files. The reason line of a finding over a span of windows names the span and its metrics
+(``drift: confident drift (windows 4-6: energy_per_token)``, was ``(window 4)``), and
+``soakd_findings_total`` has a series for every kind of the registry (``gpu``, ``slo`` and ``client``
+added, at 0). The Markdown files render the typed
+model: the verdict's causes (each finding that failed the run, what was judged), findings by section
+with their evidence, runbook and whether they fail the run, and an "Other events" list.
+
 1. ``report-*.{json,md}``: ``soakd report`` of the two runs in ``tests/fixtures/state-v2`` (a
    state dir that release wrote: a finished run with throttling, a power cap and a latency step,
    and a resumable run stopped by SIGTERM), exact modulo the generation time.
@@ -177,7 +218,7 @@ def _analysis_of(windows: list[Any], config: dict[str, Any]) -> dict[str, Any]:
                            "drift_active": dict(sorted(an.drift_active.items())),
                            "throttle_detected": an.throttle_detected,
                            "leaks": {k: v.to_dict() for k, v in sorted(an.leaks.items())}})
-    verdict = an.verdict().to_dict()
+    verdict = an.verdict().dump()
     samples = {}
     for fam in AnalysisExporter(an)():
         for s in fam.samples:

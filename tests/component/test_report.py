@@ -20,6 +20,7 @@ from typing import Any
 
 import junitparser
 import pytest
+import yaml
 
 from soakd.analysis.diagnosis import TROUBLESHOOTING
 from soakd.analysis.drift import baseline_from_report, compare
@@ -39,8 +40,10 @@ from soakd.report import (
     write_reports,
 )
 from soakd.report.build import redact
+from soakd.report.model import RunReport
 from soakd.report.svg import Band, Series, Span, fmt_number, line_chart, nice_ticks
 from soakd.store import RunStore, StoreReader
+from helpers import run_soakd, soakd_env
 from helpers.windows import make_window
 
 REPO = Path(__file__).resolve().parents[2]
@@ -167,18 +170,19 @@ async def record_run(state: Path, run_id: str = "run-gpu", *, telemetry: bool = 
                         ]  # fmt: skip
                     await store.add_samples(run_id, t, series)
         before = len(analyzer_events)
-        verdict = analyzer.verdict().to_dict()
+        verdict = analyzer.verdict()
         end = _window_start(n_windows - 1) + WINDOW
         t_events += [(end, ev) for ev in analyzer_events[before:]]  # the end-of-run findings
         for t, (kind, severity, message, data, window) in t_events:
             await store.add_event(run_id, kind, severity, message, data, window, t_unix=t)
-        await store.set_verdict(run_id, verdict)
+        await store.set_verdict(run_id, verdict.dump())
         end = _window_start(n_windows - 1) + WINDOW
         await store.end_segment(run_id, 1, "duration", t_unix=end)
-        await store.finish_run(run_id, "duration", status="finished" if verdict["passed"] else "failed", t_unix=end)
+        await store.finish_run(run_id, "duration", status="failed" if verdict.result == "FAIL" else "finished",
+                               t_unix=end)
     finally:
         await store.close()
-    return verdict
+    return verdict.dump()
 
 
 @pytest.fixture(scope="module")
@@ -197,15 +201,21 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def report(recorded: Path) -> dict[str, Any]:
+def report_model(recorded: Path) -> RunReport:
     with StoreReader(recorded) as rd:
         return build_report(rd, "run-gpu", generated_unix=T0 + 10_000)
 
 
 @pytest.fixture(scope="module")
+def report(report_model: RunReport) -> dict[str, Any]:
+    """The report as its JSON document (what report.json holds); the renderers take it as it is."""
+    return report_model.dump()
+
+
+@pytest.fixture(scope="module")
 def report_nogpu(recorded: Path) -> dict[str, Any]:
     with StoreReader(recorded) as rd:
-        return build_report(rd, "run-nogpu", generated_unix=T0 + 10_000)
+        return build_report(rd, "run-nogpu", generated_unix=T0 + 10_000).dump()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -336,15 +346,59 @@ def test_report_holds_the_run_verdict_windows_and_findings(report: dict[str, Any
 def test_secrets_never_reach_the_report(report: dict[str, Any]) -> None:
     text = render_json(report) + render_markdown(report) + render_html(report)
     assert SECRET not in text and "user:pw" not in text
-    assert report["run"]["config"]["target"]["headers"] == {"X-Team-Key": "***"}
-    assert report["run"]["target"] == "http://***@vllm.internal:8000/v1"
-    assert redact({"api_key": "k", "max_tokens": 5, "api_key_env": "KEY", "nested": [{"password": "p"}]}) == {
-        "api_key": "***", "max_tokens": 5, "api_key_env": "KEY", "nested": [{"password": "***"}]}
+    assert report["run"]["config"]["target"]["headers"] == {"X-Team-Key": "**********"}
+    assert report["run"]["target"] == "http://***@vllm.internal:8000/v1"  # the run row's URL, as given
+    # defence in depth over a config stored by an older release (credential headers as given): they,
+    # and credentials in URLs, are masked; keys that merely look secret keep their values
+    stored = {"target": {"url": "http://u:p@h/v1", "headers": {"X-Api-Key": "k", "X-Source": "qa"},
+                         "api_key_env": "KEY", "timeouts": {"first_token": "5m"}},
+              "sim": {"api_key": "**********", "ttft_per_prompt_token": 2e-05}, "nested": [{"password": "p"}]}
+    assert redact(stored) == {
+        "target": {"url": "http://***@h/v1", "headers": {"X-Api-Key": "**********", "X-Source": "qa"},
+                   "api_key_env": "KEY", "timeouts": {"first_token": "5m"}},
+        "sim": {"api_key": "**********", "ttft_per_prompt_token": 2e-05}, "nested": [{"password": "p"}]}
+
+
+async def test_report_configuration_is_print_configs(tmp_path: Path) -> None:
+    """The report's effective configuration is what ``--print-config`` prints for the same file
+    (credentials masked by their type in both, nothing else): the stored config as it is."""
+    secrets = {"header": "hdr-Qx81SecretTeamKey", "cookie": "session=Zk30SecretCookie", "sim": "sk-sim-Wq7SecretKey",
+               "key": "sk-run-Mn5SecretApiKey", "password": "pw-Tt9SecretUrlPass"}
+    state = tmp_path / "state"
+    path = tmp_path / "soak.yaml"
+    path.write_text(
+        f"target:\n  url: http://qa:{secrets['password']}@vllm.internal:8000/v1\n  model: llama-3-8b\n"
+        f"  api_key_env: MY_LLM_KEY\n  timeouts: {{first_token: 2m}}\n"
+        f"  headers: {{X-Api-Key: {secrets['header']}, Cookie: '{secrets['cookie']}', X-Request-Source: soak-qa}}\n"
+        f"run: {{duration: 1h, window: 10m, state_dir: {state}}}\n"
+        f"sim: {{api_key: {secrets['sim']}, ttft_per_prompt_token: 0.00003}}\n")  # fmt: skip
+    cfg = load_config(path, environ={})
+    store = await RunStore.open(state)
+    try:  # what the run session stores
+        await store.create_run("run-cfg", cfg.redacted(), target=cfg.target.display_url, model="llama-3-8b",
+                               created_unix=T0)
+        await store.start_segment("run-cfg", "start", t_unix=T0)
+    finally:
+        await store.close()
+    with StoreReader(state) as rd:
+        rep = build_report(rd, "run-cfg", generated_unix=T0 + 60).dump()
+    rc, out, err = await run_soakd("run", "-c", str(path), "--print-config", env=soakd_env(MY_LLM_KEY=secrets["key"]))
+    assert rc == 0, err
+    printed = yaml.safe_load(out)
+    assert rep["run"]["config"] == printed
+    target = printed["target"]
+    assert target["timeouts"]["first_token"] == "2m" and printed["sim"]["ttft_per_prompt_token"] == 3e-05
+    assert target["headers"] == {"X-Api-Key": "**********", "Cookie": "**********", "X-Request-Source": "soak-qa"}
+    assert target["url"] == rep["run"]["target"] == "http://***@vllm.internal:8000/v1"
+    assert printed["sim"]["api_key"] == "**********" and target["api_key_env"] == "MY_LLM_KEY"
+    text = out + err + render_json(rep) + render_markdown(rep) + render_html(rep)
+    for name, secret in secrets.items():
+        assert secret not in text, name
 
 
 def test_latest_run_unknown_run_and_empty_store(recorded: Path, tmp_path: Path) -> None:
     with StoreReader(recorded) as rd:
-        assert build_report(rd)["run"]["id"] == "run-nogpu"
+        assert build_report(rd).run.id == "run-nogpu"
         with pytest.raises(ReportError, match="no run 'nope'.*run-nogpu"):
             build_report(rd, "nope")
 
@@ -379,7 +433,9 @@ def test_markdown_has_the_verdict_first_and_the_window_table(report: dict[str, A
     lines = md.splitlines()
     assert lines[0] == "# soakd report — run run-gpu"
     assert lines[2] == "**Verdict: FAIL**"
-    assert any(line.startswith("- throttle: throttling (window 5)") for line in lines[3:8])
+    # the verdict's causes: each finding that failed the run, by its title and window, with its message
+    assert any(line.startswith("- critical · Throttling · window 5: ") for line in lines[3:10])
+    assert any(line.startswith("- judged: 8 of 8 full windows judged") for line in lines[3:14])
     head = next(i for i, line in enumerate(lines) if line.startswith("| window | start (UTC) |"))
     for col in ("e2e p50 / p95 ms", "TTFT p50 / p95 ms", "ITL p50 / p95 ms", "req/s", "tok/s", "errors",
                 "power W", "temp °C", "SM MHz", "memory GiB", "KV %", "J/token"):
@@ -390,7 +446,9 @@ def test_markdown_has_the_verdict_first_and_the_window_table(report: dict[str, A
     assert "| 1386 |" in rows[5] and "throttling" in rows[5] and "baseline" in rows[0]
     assert "## Stability" in md and "## Findings" in md and "### What to check" in md
     assert TROUBLESHOOTING["throttling"][1] in md and TROUBLESHOOTING["memory leak"][1] in md
-    assert "### leak (" in md and "### canary (" in md and "## Quiesce probes" in md
+    assert "### Memory (" in md and "### Errors and output (" in md and "## Quiesce probes" in md
+    assert "## Memory" in md and "| device_memory |" in md  # the run's last leak judgement of each source
+    assert "**fails the run**" in md and "runbook: [soakdgputhrottling]" in md
     assert "No device telemetry" not in md
 
 
@@ -400,12 +458,12 @@ def test_html_is_self_contained_with_the_charts(report: dict[str, Any]) -> None:
     low = html.lower()
     assert "<script" not in low and "<link" not in low and " src=" not in low and "@import" not in low
     assert "url(" not in low
-    ids = [c["id"] for c in charts(report)]
+    ids = [c["id"] for c in charts(RunReport.load(report))]
     assert ids == ["chart-drift", "chart-e2e", "chart-ttft", "chart-itl", "chart-requests_per_second",
                    "chart-output_tokens_per_second", "chart-energy_per_token", "chart-memory", "chart-kv",
                    "chart-power", "chart-temperature", "chart-clock"]
     assert html.count("<svg ") == len(ids)
-    for c in charts(report):
+    for c in charts(RunReport.load(report)):
         root = ET.fromstring(c["svg"])
         ns = "{http://www.w3.org/2000/svg}"
         series = [g.get("data-series") for g in root.iter(f"{ns}g") if g.get("class") == "series"]
@@ -422,7 +480,9 @@ def test_html_is_self_contained_with_the_charts(report: dict[str, Any]) -> None:
         if c["id"] == "chart-drift":
             assert len(series) == 5 and "±5% band" in c["svg"]
     assert 'class="badge FAIL"' in html and "throttling" in html and "What to check" in html
-    assert html.count("<tr") == 1 + 9 + 1 + 10 + 1 + len(report["troubleshooting"]) + 1 + 8
+    # the windows, stability, memory, what-to-check and quiesce tables, and nothing else
+    assert html.count("<tr") == (1 + 9) + (1 + 10) + (1 + len(report["verdict"]["leaks"])) + (
+        1 + len(report["troubleshooting"])) + (1 + 8)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -509,13 +569,13 @@ def test_a_run_without_telemetry_renders_without_device_charts(report_nogpu: dic
     tel = r["series"]["telemetry"]
     assert not tel["device"] and not tel["server"]
     assert any("No device telemetry" in n for n in tel["notes"])
-    ids = {c["id"] for c in charts(r)}
+    ids = {c["id"] for c in charts(RunReport.load(r))}
     assert ids == {"chart-drift", "chart-e2e", "chart-ttft", "chart-itl", "chart-requests_per_second",
                    "chart-output_tokens_per_second"}
     md, html = render_markdown(r), render_html(r)
     assert "**Verdict: PASS**" in md and "> No device telemetry was recorded" in md
     assert "No device telemetry was recorded" in html and "chart-memory" not in html and "chart-power" not in html
-    assert "No drift, leak, throttle, canary, error or target finding." in md
+    assert "No finding: no drift, leak, throttle, canary, error, freeze, GPU or target finding." in md
     row = next(line for line in md.splitlines() if line.startswith("| 0 |"))
     assert [c.strip() for c in row.split("|")[10:16]] == ["-"] * 6  # power .. J/token: no data
     json.loads(render_json(r))
@@ -533,7 +593,7 @@ def test_an_unfinished_run_has_an_incomplete_verdict(tmp_path: Path) -> None:
 
     asyncio.run(go())
     with StoreReader(tmp_path) as rd:
-        r = build_report(rd)
+        r = build_report(rd).dump()
     assert r["verdict"]["result"] == "INCOMPLETE" and "no verdict" in r["verdict"]["reasons"][0]
     assert "interrupted" in r["run"]["state"] or "running" in r["run"]["state"]
     md = render_markdown(r)
@@ -733,14 +793,14 @@ async def test_a_soak_writes_its_reports(tmp_path: Path) -> None:
     rep = json.loads((run_dir / "report.json").read_text())
     assert rep["run"]["id"] == final.run_id and rep["run"]["stop_reason"] == "duration"
     assert final.verdict is not None
-    assert rep["verdict"]["result"] == final.verdict["result"] and not rep["verdict"]["interim"]
+    assert rep["verdict"]["result"] == final.verdict.result and not rep["verdict"]["interim"]
     assert len(rep["windows"]) == final.windows >= 2
     assert "**Verdict: " in (run_dir / "report.md").read_text()
     assert "<svg " in (run_dir / "report.html").read_text()
     assert (tmp_path / "ci" / "soak.xml").read_text() == (run_dir / "junit.xml").read_text()
     suite = next(iter(junitparser.JUnitXml.fromfile(str(tmp_path / "ci" / "soak.xml"))))
     verdict = next(c for c in suite if c.classname == "soakd.verdict")
-    expected = {"PASS": [], "FAIL": ["Failure"], "INCONCLUSIVE": ["Error"]}[final.verdict["result"]]
+    expected = {"PASS": [], "FAIL": ["Failure"], "INCONCLUSIVE": ["Error"]}[final.verdict.result]
     assert [type(r).__name__ for r in verdict.result] == expected, final.verdict
     assert sum(c.classname == "soakd.windows" for c in suite) == len(rep["table"])
 
@@ -778,4 +838,4 @@ async def test_sigterm_still_writes_the_reports_and_a_report_failure_is_not_fata
     assert not (run_dir / "report.json").exists()
     # the record is in the store: `soakd report` renders it later
     with StoreReader(tmp_path / "b") as reader:
-        assert build_report(reader, final.run_id)["verdict"]["result"] == final.verdict["result"]
+        assert build_report(reader, final.run_id).verdict.result == final.verdict.result

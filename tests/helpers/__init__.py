@@ -238,7 +238,7 @@ def report_of(state_dir: Path, run_id: str | None = None) -> dict[str, Any]:
     from soakd.store import StoreReader
 
     with StoreReader(state_dir) as reader:
-        return build_report(reader, run_id)
+        return build_report(reader, run_id).dump()
 
 
 def run_outcomes(report: dict[str, Any]) -> dict[str, int]:
@@ -258,3 +258,14 @@ async def fill_up(store: Any) -> None:
 
 async def make_room(store: Any) -> None:
     await store._execute("PRAGMA max_page_count = 1073741823")  # noqa: SLF001
+
+
+def benchmark(name: str) -> Any:
+    """A module of ``benchmarks/`` (not a package), imported for tests that run its simulations."""
+    import importlib
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))

@@ -7,7 +7,8 @@ import random
 import pytest
 
 from soakd.analysis import drift, leak, throttle
-from soakd.analysis.diagnosis import DIAGNOSES, TROUBLESHOOTING, Finding, diagnose
+from soakd.analysis.diagnosis import TROUBLESHOOTING, Finding, diagnose
+from soakd.core.findings import DIAGNOSES
 from soakd.config.analysis import DiagnosisConfig
 from soakd.core.summary import WindowSummary
 from helpers.windows import make_window
@@ -173,8 +174,12 @@ def test_table_and_finding_dict() -> None:
         assert d in DIAGNOSES and all(TROUBLESHOOTING[d])
     f = Finding(kind="errors", diagnosis="overload", severity="warning", message="m", evidence={"a": 1}, window=1)
     assert f.to_dict()["evidence"] == {"a": 1}
-    with pytest.raises(AttributeError):
+    with pytest.raises((AttributeError, ValueError)):  # frozen
         f.kind = "drift"  # type: ignore[misc]
+    with pytest.raises(ValueError, match="not registered"):
+        Finding(kind="errors", diagnosis="no such diagnosis", severity="warning", message="m")
+    with pytest.raises(ValueError, match="of kind 'errors'"):
+        Finding(kind="drift", diagnosis="overload", severity="warning", message="m")
 
 
 def test_throughput_and_error_drift_in_an_outage_window_is_the_restart() -> None:

@@ -30,7 +30,7 @@ def _run(windows: list[Any], **cfg: Any) -> tuple[Analyzer, Any]:
 
 
 def _gpu(a: Analyzer) -> list[dict[str, Any]]:
-    return [f for f in a.findings if f["kind"] == "gpu"]
+    return [f for f in a.findings if f.kind == "gpu"]
 
 
 def nvml(xid_total: float, last_xid: float = 0.0, ecc: float = 0.0, ecc_first: float | None = None) -> dict:
@@ -41,11 +41,11 @@ def nvml(xid_total: float, last_xid: float = 0.0, ecc: float = 0.0, ecc_first: f
 def test_a_new_xid_is_a_critical_finding_of_its_window_and_fails_the_run() -> None:
     a, v = _run(_windows([{"GPU-a": nvml(0)}] * 3 + [{"GPU-a": nvml(1, 79)}] + [{"GPU-a": nvml(1, 79)}] * 3))
     (f,) = _gpu(a)
-    assert f["window"] == 3 and f["severity"] == "critical" and f["diagnosis"] == "GPU Xid error"
-    assert f["evidence"] == {"gpu": "GPU-a", "xid": 79, "events": 1, "name": "GPU has fallen off the bus",
+    assert f.window == 3 and f.severity == "critical" and f.diagnosis == "GPU Xid error"
+    assert f.evidence == {"gpu": "GPU-a", "xid": 79, "events": 1, "name": "GPU has fallen off the bus",
                              "action": XID[79].action}
-    assert "Xid 79 (GPU has fallen off the bus" in f["message"] and "reboot the node" in f["message"]
-    assert not v.passed and "gpu: GPU Xid error (window 3)" in v.reasons
+    assert "Xid 79 (GPU has fallen off the bus" in f.message and "reboot the node" in f.message
+    assert v.result == "FAIL" and "gpu: GPU Xid error (window 3)" in v.reasons
 
 
 def test_new_uncorrected_ecc_errors_count_from_the_first_reading_of_the_run() -> None:
@@ -53,35 +53,35 @@ def test_new_uncorrected_ecc_errors_count_from_the_first_reading_of_the_run() ->
     errors = [{"GPU-a": nvml(0, ecc=5)}] * 4 + [{"GPU-a": nvml(0, ecc=7, ecc_first=5)}] + [{"GPU-a": nvml(0, ecc=7)}]
     a, v = _run(_windows(errors))
     (f,) = _gpu(a)
-    assert f["window"] == 4 and f["diagnosis"] == "uncorrectable ECC error"
-    assert f["evidence"] == {"gpu": "GPU-a", "ecc_uncorrected": 2, "total": 7}
+    assert f.window == 4 and f.diagnosis == "uncorrectable ECC error"
+    assert f.evidence == {"gpu": "GPU-a", "ecc_uncorrected": 2, "total": 7}
     assert "gpu: uncorrectable ECC error (window 4)" in v.reasons
     # errors before the run alone: nothing
     a, v = _run(_windows([{"GPU-a": nvml(0, ecc=5)}] * 6))
-    assert _gpu(a) == [] and v.passed
+    assert _gpu(a) == [] and (v.result != "FAIL")
 
 
 def test_healthy_gpus_restarted_counters_and_dcgm_last_codes() -> None:
     # no event, two GPUs: nothing; the verdict keeps its other checks
     a, v = _run(_windows([{"GPU-a": nvml(0), "GPU-b": nvml(0)}] * 6))
-    assert _gpu(a) == [] and v.passed
+    assert _gpu(a) == [] and (v.result != "FAIL")
     # a soakd restarted (a resumed run): its count starts again from 0; 0 -> 1 after 3 before is one event
     a, v = _run(_windows([{"GPU-a": nvml(3, 13)}] * 3 + [{"GPU-a": nvml(0, 13)}, {"GPU-a": nvml(1, 31)}]))
-    assert [(f["window"], f["evidence"]["xid"], f["evidence"]["events"]) for f in _gpu(a)] == [(0, 13, 3), (4, 31, 1)]
+    assert [(f.window, f.evidence["xid"], f.evidence["events"]) for f in _gpu(a)] == [(0, 13, 3), (4, 31, 1)]
     # DCGM gives only the last code: a change to a non-zero code is a new event, an old code is not
     dcgm = [{"GPU-a": {"last_xid": 48.0, "last_xid_first": 48.0}}] * 3 + [{"GPU-a": {"last_xid": 94.0,
                                                                                        "last_xid_first": 48.0}}]
     a, v = _run(_windows(dcgm + [{"GPU-a": {"last_xid": 94.0, "last_xid_first": 94.0}}]))
-    assert [(f["window"], f["evidence"]["xid"]) for f in _gpu(a)] == [(3, 94)]
-    assert "Contained ECC error" in _gpu(a)[0]["message"]
+    assert [(f.window, f.evidence["xid"]) for f in _gpu(a)] == [(3, 94)]
+    assert "Contained ECC error" in _gpu(a)[0].message
 
 
 def test_an_xid_in_the_partial_last_window_still_fails_the_run_and_fail_on_can_leave_it_out() -> None:
     windows = _windows([{"GPU-a": nvml(0)}] * 5 + [{"GPU-a": nvml(2, 48)}], partial_last=True)
     a, v = _run(windows)
-    assert [(f["window"], f["evidence"]["events"]) for f in _gpu(a)] == [(5, 2)] and not v.passed
+    assert [(f.window, f.evidence["events"]) for f in _gpu(a)] == [(5, 2)] and v.result == "FAIL"
     a, v = _run(windows, verdict={"fail_on": ["drift", "leak"]})
-    assert _gpu(a) and v.passed  # reported, not failing
+    assert _gpu(a) and (v.result != "FAIL")  # reported, not failing
 
 
 def test_resume_primes_the_counters_without_findings() -> None:
@@ -97,3 +97,26 @@ def test_describe_every_code_in_the_table_and_an_unknown_one() -> None:
     for code, x in XID.items():
         assert describe(code).startswith(f"Xid {code} ({x.name}: ") and x.action in describe(code)
     assert "NVIDIA's Xid catalog" in describe(999)
+
+
+def test_a_finding_that_failed_an_earlier_segment_still_fails_the_resumed_run() -> None:
+    """A resumed run (pod rescheduled after SIGTERM) is primed with the earlier segments' windows and the
+    findings they made: a GPU Xid of segment 0 still fails the run at its end; the end-of-run judgements
+    of the stop are made again, not carried over."""
+    windows = _windows([{"GPU-a": nvml(0)}] * 3 + [{"GPU-a": nvml(1, 79)}] + [{"GPU-a": nvml(1, 79)}] * 6)
+    first = Analyzer(AnalysisConfig())
+    for w in windows[:6]:
+        first.add_window(w)
+    first.verdict()  # the interim verdict at the stop: end-of-run findings made
+    forgetful = Analyzer(AnalysisConfig())  # primed with the windows only: the Xid is not seen again
+    forgetful.restore(windows[:6], windows[0])
+    for w in windows[6:]:
+        forgetful.add_window(w)
+    assert forgetful.verdict().result != "FAIL"
+    resumed = Analyzer(AnalysisConfig())
+    resumed.restore(windows[:6], windows[0], first.findings)
+    for w in windows[6:]:
+        resumed.add_window(w)
+    v = resumed.verdict()
+    assert v.result == "FAIL" and "gpu: GPU Xid error (window 3)" in v.reasons
+    assert not [f for f in resumed.findings if f.spec.end_of_run and f in first.findings]

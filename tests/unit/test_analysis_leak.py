@@ -7,6 +7,7 @@ import random
 
 import pytest
 from pydantic import ValidationError
+from scipy.stats import theilslopes
 
 from soakd.analysis.leak import (
     evaluate,
@@ -69,6 +70,32 @@ def test_theil_sen_ties_few_points_and_subsampling() -> None:
     n = 2000  # beyond 500 points: evenly subsampled, still exact on a line
     slope, lo, hi = theil_sen(range(n), [0.25 * i + 1 for i in range(n)])
     assert slope == pytest.approx(0.25) and lo == pytest.approx(0.25)
+
+
+def test_theil_sen_is_scipys_theilslopes() -> None:
+    """The plain form is ``scipy.stats.theilslopes`` (slope and interval, ties included); only where
+    scipy clips a rank to the end of the slopes is the bound infinite here (below 5 points at 95%)."""
+    rng = random.Random(4)
+    for trial in range(200):
+        n = rng.randint(5, 40)
+        xs = [i + rng.uniform(-0.3, 0.3) for i in range(n)]
+        ys = [0.3 * x + rng.gauss(0, 1.0) for x in xs]
+        if trial % 3 == 0:
+            ys = [float(round(y)) for y in ys]  # ties in y
+        conf = (0.95, 0.9, 0.99)[trial % 3]
+        ref = theilslopes(ys, xs, alpha=conf)
+        slope, lo, hi = theil_sen(xs, ys, conf)
+        if conf == 0.99 and n < 7 and (math.isinf(lo) or math.isinf(hi)):
+            continue  # off the list at 99% with this few points: scipy's clipped bound is the extreme slope
+        assert (slope, lo, hi) == (ref.slope, ref.low_slope, ref.high_slope)
+        assert theil_sen_blocked([(xs, ys)], conf) == (slope, lo, hi)  # one block is the plain form
+    # 5 points at 95%: the bounds are the extreme slopes (98.3% coverage); 4 points: no finite bounds
+    ys = [0.0, 1.1, 1.9, 3.2, 4.1]
+    slopes = sorted((ys[j] - ys[i]) / (j - i) for i in range(5) for j in range(i + 1, 5))
+    assert theil_sen(range(5), ys)[1:] == (slopes[0], slopes[-1])
+    assert theil_sen(range(4), ys[:4])[1:] == (-math.inf, math.inf)
+    # every y tied: no spread of ranks, the interval is the (zero) slope itself, from 2 points on
+    assert theil_sen([0, 1], [3.0, 3.0]) == (0.0, 0.0, 0.0) == theil_sen_blocked([([0, 1], [3.0, 3.0])])
 
 
 def _mem_windows(per_hour: float, n: int, noise: float, seed: int, *, field: str = "memory_used_bytes",

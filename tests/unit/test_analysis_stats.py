@@ -7,6 +7,7 @@ import random
 from statistics import NormalDist
 
 import pytest
+from scipy.stats import binomtest
 
 from soakd.analysis.sketch import new_sketch
 from soakd.analysis.stats import (
@@ -97,14 +98,17 @@ def test_quantile_ci_n_effective_widens() -> None:
 
 
 def test_poisson_and_rate_ci_known_values() -> None:
-    # exact Garwood 95% for a count of 10: (4.795, 18.390); of 100: (81.36, 121.63)
+    # exact Garwood 95% (chi-square quantiles, no approximation): a count of 1: (0.02532, 5.5716);
+    # of 10: (4.7954, 18.3904); of 100: (81.3640, 121.6268); of 0: (0, -ln 0.025)
+    lo, hi = poisson_count_ci(1)
+    assert lo == pytest.approx(0.025318, rel=1e-4) and hi == pytest.approx(5.571643, rel=1e-6)
     lo, hi = poisson_count_ci(10)
-    assert lo == pytest.approx(4.795, rel=0.01) and hi == pytest.approx(18.39, rel=0.01)
+    assert lo == pytest.approx(4.795389, rel=1e-6) and hi == pytest.approx(18.390356, rel=1e-6)
     lo, hi = poisson_count_ci(100)
-    assert lo == pytest.approx(81.36, rel=0.005) and hi == pytest.approx(121.63, rel=0.005)
-    assert poisson_count_ci(0) == (0.0, pytest.approx(3.689, rel=1e-3))
+    assert lo == pytest.approx(81.363991, rel=1e-6) and hi == pytest.approx(121.626794, rel=1e-6)
+    assert poisson_count_ci(0) == (0.0, pytest.approx(-math.log(0.025), rel=1e-12))
     lo, hi = rate_ci(100, 50.0)
-    assert lo == pytest.approx(81.36 / 50, rel=0.005)
+    assert lo == pytest.approx(81.363991 / 50, rel=1e-6)
     assert rate_ci(10, 0) is None
 
 
@@ -153,6 +157,16 @@ def test_wilson_known_values() -> None:
     lo, hi = wilson_ci(5, 100)
     assert lo == pytest.approx(0.0215, abs=2e-4) and hi == pytest.approx(0.1118, abs=2e-4)
     assert wilson_ci(1, 0) is None
+
+
+@pytest.mark.parametrize("confidence", [0.9, 0.95, 0.99])
+def test_wilson_is_scipys(confidence: float) -> None:
+    """The closed form is scipy's Wilson interval (binomtest's proportion_ci), to rounding."""
+    for n in (1, 2, 7, 30, 100, 1000, 25_000):
+        for k in sorted({0, 1, n // 3, n // 2, n - 1, n}):
+            ref = binomtest(k, n).proportion_ci(confidence, method="wilson")
+            lo, hi = wilson_ci(k, n, confidence)
+            assert lo == pytest.approx(ref.low, abs=1e-12) and hi == pytest.approx(ref.high, abs=1e-12)
 
 
 def test_difference_ci_newcombe() -> None:

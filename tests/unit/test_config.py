@@ -21,6 +21,7 @@ from helpers import QUICK_SIM, http_get, report_of, run_outcomes, run_soakd, sim
 pytestmark = pytest.mark.timeout(60)
 
 SECRET = "sk-test-Zq8v3LmT0pSecretValue"
+HEADER_SECRET = "hdr-test-Vb72KcSecretHeaderValue"  # an X-Api-Key header's value: as secret as the key
 
 
 def write(tmp_path: Path, text: str, name: str = "soak.yaml") -> Path:
@@ -261,19 +262,48 @@ async def test_key_reaches_the_server_but_never_logs_or_summary(tmp_path: Path) 
             "--window", "1s", "--warmup", "0s", "--concurrency", "2", "--mix", "short_chat=1",
             "--metrics-host", "127.0.0.1", "--metrics-port", "0", "--state-dir", str(state),
             "--log-format", "json", "--log-level", "debug", "--no-progress",
-            env=soakd_env(MY_LLM_KEY=SECRET), timeout=30,
+            env=soakd_env(MY_LLM_KEY=SECRET, SOAKD_TARGET__HEADERS=f"{{X-Api-Key: {HEADER_SECRET}}}"), timeout=30,
         )  # fmt: skip
     assert rc == 3, out[-2000:] + err[-2000:]  # two 1 s windows: too few to judge (INCONCLUSIVE)
     assert SECRET not in out and SECRET not in err
+    assert HEADER_SECRET not in out and HEADER_SECRET not in err
     events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert any(e.get("event") == "soakd_started" for e in events)
     reports = list(state.glob("*/report.json"))
     assert len(reports) == 1
     outcomes = run_outcomes(json.loads(reports[0].read_text()))
     assert outcomes["ok"] > 0 and outcomes["http_error"] == 0
+    started = next(e for e in events if e.get("event") == "soakd_started")
+    assert started["config"]["target"]["headers"] == {"X-Api-Key": "**********"}
     for f in state.rglob("*"):
         if f.is_file():
-            assert SECRET not in f.read_text(errors="replace"), f
+            text = f.read_text(errors="replace")
+            assert SECRET not in text and HEADER_SECRET not in text, f
+
+
+async def test_url_password_never_logs_or_reaches_status_or_store(tmp_path: Path) -> None:
+    """A user and password in the target URL go out (HTTP basic auth) but are shown as *** in every
+    log line, the state dir (the run row's target, the stored config) and the report."""
+    password = "pw-Hq4SecretUrlPassword"
+    state = tmp_path / "state"
+    async with sim_server(**QUICK_SIM) as sim:
+        url = sim.base_url.replace("://", f"://qa:{password}@", 1)
+        rc, out, err = await run_soakd(
+            "run", "--target", url, "--duration", "2s", "--window", "1s", "--warmup", "0s", "--concurrency", "2",
+            "--mix", "short_chat=1", "--metrics-host", "127.0.0.1", "--metrics-port", "0", "--state-dir", str(state),
+            "--log-format", "json", "--log-level", "debug", "--no-progress", timeout=30,
+        )  # fmt: skip
+    assert rc == 3, out[-2000:] + err[-2000:]
+    assert password not in out and password not in err
+    shown = sim.base_url.replace("://", "://***@", 1)
+    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    started = next(e for e in events if e.get("event") == "soakd_started")
+    assert started["config"]["target"]["url"] == shown
+    report = json.loads(next(state.glob("*/report.json")).read_text())
+    assert report["run"]["target"] == shown and run_outcomes(report)["ok"] > 0
+    for f in state.rglob("*"):
+        if f.is_file():
+            assert password not in f.read_text(errors="replace"), f
 
 
 async def test_key_not_in_status_metrics_or_final_summary(tmp_path: Path) -> None:
@@ -281,7 +311,7 @@ async def test_key_not_in_status_metrics_or_final_summary(tmp_path: Path) -> Non
     key_file.write_text(SECRET + "\n")
     async with sim_server(api_key=SECRET, **QUICK_SIM) as sim:
         cfg = load_config(None, {
-            "target": {"url": sim.base_url, "api_key_file": str(key_file)},
+            "target": {"url": sim.base_url, "api_key_file": str(key_file), "headers": {"X-Api-Key": HEADER_SECRET}},
             "run": {"duration": 2.0, "window": 1.0, "warmup": 0, "state_dir": str(tmp_path / "state")},
             "load": {"concurrency": 2, "mix": {"short_chat": 1}},
             "metrics": {"host": "127.0.0.1", "port": 0},
@@ -295,14 +325,15 @@ async def test_key_not_in_status_metrics_or_final_summary(tmp_path: Path) -> Non
             for path in ("/status", "/metrics", "/readyz", "/healthz", "/"):
                 status, body = await http_get(base + path)
                 assert status == 200, path
-                assert SECRET not in body, path
+                assert SECRET not in body and HEADER_SECRET not in body, path
             _, status_body = await http_get(base + "/status")
             assert json.loads(status_body)["outcomes"]["ok"] >= 3  # the key worked
         finally:
             outcome = await asyncio.wait_for(task, 20)
-    assert SECRET not in json.dumps(dataclasses.asdict(outcome), default=str)
-    assert SECRET not in json.dumps(runtime.status.status(), default=str)
-    assert SECRET not in json.dumps(report_of(cfg.run.state_dir), default=str)
+    for secret in (SECRET, HEADER_SECRET):
+        assert secret not in json.dumps(dataclasses.asdict(outcome), default=str)
+        assert secret not in json.dumps(runtime.status.status(), default=str)
+        assert secret not in json.dumps(report_of(cfg.run.state_dir), default=str)
 
 
 def test_simulator_key_in_config_is_masked(tmp_path: Path) -> None:
@@ -313,6 +344,54 @@ def test_simulator_key_in_config_is_masked(tmp_path: Path) -> None:
     assert SECRET not in dumped and "**********" in dumped
     assert cfg.sim.api_key is not None and cfg.sim.api_key.get_secret_value() == SECRET
     assert SECRET not in repr(cfg) and SECRET not in str(cfg)
+
+
+@pytest.mark.parametrize("name", ["X-Api-Key", "api-key", "Proxy-Authorization", "Cookie", "X-Auth-Token",
+                                  "x-amz-security-token", "X-Team-Key", "X-Client-Secret", "X-Session-Id"])
+def test_credential_headers_are_secrets_by_type(tmp_path: Path, name: str) -> None:
+    """A header that can carry a credential is a SecretStr from validation on: masked wherever the
+    configuration is shown (``redacted()``: --print-config, the store, the soakd_started line, the
+    report), in repr, and sent as given."""
+    cfg = load_config(write(tmp_path, f"target:\n  headers:\n    {name}: {SECRET}\n    X-Request-Source: soak-qa\n"),
+                      environ={})
+    shown = cfg.redacted()["target"]["headers"]
+    assert shown == {name: "**********", "X-Request-Source": "soak-qa"}  # nothing else is masked
+    assert SECRET not in yaml.safe_dump(cfg.redacted()) and SECRET not in repr(cfg)
+    assert cfg.target.header_values() == {name: SECRET, "X-Request-Source": "soak-qa"}
+    assert cfg.target_list()[0].header_values()[name] == SECRET  # the named copy keeps the value
+    again = SoakConfig.model_validate(cfg.model_dump())  # Python-mode round trip: still a secret, same value
+    assert again == cfg and again.target.header_values()[name] == SECRET
+
+
+def test_only_credentials_are_masked(tmp_path: Path) -> None:
+    """Keys that merely look secret (first_token, ttft_per_prompt_token, api_key_env) show their values;
+    a URL shows everything but its user and password (and credential query parameters)."""
+    cfg = load_config(write(tmp_path, (
+        "target:\n  url: http://user:pw@vllm.internal:8000/v1\n  api_key_env: MY_LLM_KEY\n"
+        "  timeouts: {first_token: 2m}\n"
+        "samplers:\n  dcgm: {url: 'http://dcgm:9400/metrics?token=tk&format=text'}\n"
+        "sim:\n  ttft_per_prompt_token: 0.00003\n")), environ={})  # fmt: skip
+    d = cfg.redacted()
+    assert d["target"]["timeouts"]["first_token"] == "2m" and d["sim"]["ttft_per_prompt_token"] == 3e-05
+    assert d["target"]["api_key_env"] == "MY_LLM_KEY"
+    assert d["target"]["url"] == "http://***@vllm.internal:8000/v1" == cfg.target.display_url
+    assert d["samplers"]["dcgm"]["url"] == "http://dcgm:9400/metrics?token=***&format=text"
+    assert d["samplers"]["server"]["url"] == "auto"
+    assert cfg.target.url == "http://user:pw@vllm.internal:8000/v1"  # what the client connects to
+    masked = SoakConfig().redacted()
+    assert masked == SoakConfig().model_dump(mode="json")  # a config without credentials: nothing masked
+    assert "**********" not in json.dumps(masked) and "***" not in json.dumps(masked)
+
+
+def test_errors_never_echo_a_credential(tmp_path: Path) -> None:
+    err = config_error(tmp_path, "target:\n  url: ftp://user:hunter2@h/v1\n  headers: {X-Api-Key: 123456789}\n")
+    text = "\n".join(err.errors)
+    assert "target.headers.X-Api-Key: expected a string" in text and "123456789" not in text
+    assert "ftp://***@h/v1" in text and "hunter2" not in text
+    # the key itself where its variable's name belongs: refused, and not echoed
+    err = config_error(tmp_path, f"target:\n  api_key_env: {SECRET}\n")
+    assert "target.api_key_env: expected the name of the environment variable" in err.errors[0]
+    assert SECRET not in str(err)
 
 
 def test_yaml_off_is_the_nvml_mode_not_a_boolean(tmp_path):
@@ -338,3 +417,15 @@ def test_every_flag_names_a_field_and_errors_name_the_flag() -> None:
     assert build_parser().parse_args(["run", "--nvml", "off"]).nvml == "off"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["run", "--nvml", "sometimes"])
+
+
+def test_fail_on_names_the_kinds_the_finding_registry_lets_it_name() -> None:
+    """``analysis.verdict.fail_on``'s choices and default are the registry's (soakd.core.findings.KINDS)."""
+    from typing import get_args
+
+    from soakd.config.analysis import VerdictConfig
+    from soakd.core.findings import KINDS
+
+    (choice,) = get_args(VerdictConfig.model_fields["fail_on"].annotation)
+    assert set(get_args(choice)) == {k.name for k in KINDS.values() if k.fail_on}
+    assert set(VerdictConfig().fail_on) == {k.name for k in KINDS.values() if k.default_fail}

@@ -126,14 +126,14 @@ def test_the_analyzer_reports_it_once_and_not_again_where_a_live_episode_found_i
     a = Analyzer(cfg, baseline=healthy())
     findings = a.add_window(stuck())
     assert [f.diagnosis for f in findings if f.kind == "freeze"] == ["KV cache saturated"]
-    assert a.kv_saturated_window and any(r.startswith("freeze: KV cache saturated") for r in a.failing)
+    assert a.freeze.kv_saturated_window and any(r.startswith("freeze: KV cache saturated") for r in a.failing)
     a.add_window(healthy(index=6))
-    assert not a.kv_saturated_window
+    assert not a.freeze.kv_saturated_window
     # a live episode (wedge watch) overlapping the window: that fault has its finding already
     b = Analyzer(cfg, baseline=healthy())
     w = stuck()
-    b.live_episodes.append([w.start_unix + 40.0, None])
+    b.freeze.live_episodes.append([w.start_unix + 40.0, None])
     assert not [f for f in b.add_window(w) if f.diagnosis == "KV cache saturated"]
     c = Analyzer(cfg, baseline=healthy())
-    c.live_episodes.append([w.start_unix - 500.0, w.start_unix - 400.0])  # long over
+    c.freeze.live_episodes.append([w.start_unix - 500.0, w.start_unix - 400.0])  # long over
     assert [f for f in c.add_window(stuck()) if f.diagnosis == "KV cache saturated"]

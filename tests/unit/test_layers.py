@@ -3,7 +3,7 @@
 Every ``import`` of every module under ``soakd/`` — at the top, inside functions and under
 ``TYPE_CHECKING`` alike — is an edge of the module graph. The graph has no cycle, and each part
 imports only the parts below it (``LAYERS``): neutral types in ``soakd.core`` import nothing of
-soakd, the configuration only ``core``, the analysis only ``core`` and ``config``, and so on up
+soakd outside it, the configuration only ``core``, the analysis only ``core`` and ``config``, and so on up
 to the composition root. A module over ``MAX_LINES`` lines says why in its docstring.
 """
 
@@ -144,8 +144,10 @@ def test_each_part_imports_only_the_parts_below_it() -> None:
 
 
 def test_core_modules_import_nothing_of_soakd() -> None:
+    """Nothing outside ``soakd.core`` (the verdict's types are built of the finding's)."""
     g = graph()
-    bad = {m: sorted(t) for m, t in g.items() if part(m) == "core" and t}
+    bad = {m: sorted(x for x in t if part(x) != "core") for m, t in g.items() if part(m) == "core"}
+    bad = {m: t for m, t in bad.items() if t}
     assert not bad, bad
 
 

@@ -341,7 +341,7 @@ async def test_a_store_written_by_schema_v1_migrates_and_keeps_its_data(tmp_path
     build_v1(tmp_path / "old")
     store = await RunStore.open(tmp_path / "old")
     try:
-        assert store.migrated == [2, 3, 4, 5]
+        assert store.migrated == [2, 3, 4, 5, 6]
         assert await store._execute("PRAGMA user_version") == [(SCHEMA_VERSION,)]
         run = await store.latest_unfinished_run()
         assert run is not None and (run.id, run.last_window, run.windows, run.segments) == ("old", 1, 2, 1)
@@ -724,3 +724,40 @@ async def test_sweeps_are_runs_of_their_own_kind(tmp_path: Path) -> None:
         assert [r.id for r in await store.list_runs("sweep")] == ["sweep1"]
         assert [r.id for r in await store.list_runs(None)] == ["sweep1", "soak1"]
         assert (await store.get_run("sweep1")).kind == "sweep"  # type: ignore[union-attr]
+
+
+async def test_one_windows_table_keyed_by_target_and_a_v5_store_folds_its_target_windows(tmp_path: Path) -> None:
+    """Schema v6: the reference's windows (target '') and an A/B run's other targets' in one table; a store
+    of schema v5 (target_windows beside windows) migrates into it, nothing lost."""
+    from soakd.store.schema import migrate
+
+    state = tmp_path / "v5"
+    state.mkdir()
+    conn = sqlite3.connect(state / "soakd.db", isolation_level=None)
+    migrate(conn, state / "soakd.db", target=5)
+    conn.execute("INSERT INTO runs (id, created_unix, config_json, config_hash, version) "
+                 "VALUES ('ab', 1000.0, '{}', 'h', '0.1.0')")
+    for i in range(3):
+        conn.execute("INSERT INTO windows (run_id, idx, start_unix, end_unix, partial, summary_json, saved_unix) "
+                     "VALUES ('ab', ?, 0, 1, 0, ?, 1)", (i, json.dumps(window_summary(i))))
+        conn.execute("INSERT INTO target_windows (run_id, target, idx, summary_json, saved_unix) VALUES "
+                     "('ab', 'cand', ?, ?, 1)", (i, json.dumps(window_summary(i, requests=77, partial=i == 2))))
+    conn.close()
+    store = await RunStore.open(state)
+    try:
+        assert store.migrated == [6]
+        assert [w.requests for w in await store.load_windows("ab")] == [100, 100, 100]
+        cand = (await store.load_target_windows("ab"))["cand"]
+        assert [(w.window, w.requests, w.partial) for w in cand] == [(0, 77, False), (1, 77, False), (2, 77, True)]
+        run = await store.get_run("ab")
+        assert run is not None and run.windows == 3 and run.last_window == 2  # the reference's windows only
+        # a new A/B window goes to the same table under its target; the reference's stay apart
+        await store.save_target_window("ab", "cand", window_summary(3, requests=55))
+        await store.save_window("ab", 3, 0, window_summary(3, requests=66))
+        assert [w.requests for w in (await store.load_target_windows("ab"))["cand"]][-1] == 55
+        assert [w.requests for w in await store.load_windows("ab", target="cand")][-1] == 55
+        assert [w.requests for w in await store.load_windows("ab")][-1] == 66
+        tables = {r[0] for r in await store._execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        assert "target_windows" not in tables and "windows" in tables
+    finally:
+        await store.close()

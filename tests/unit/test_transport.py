@@ -41,9 +41,10 @@ async def test_the_tricks_are_on_in_this_aiohttp_and_cpython() -> None:
 
 
 def test_request_headers_carry_the_key_and_the_target_headers() -> None:
-    target = TargetConfig(headers={"X-Team": "a"})
+    target = TargetConfig(headers={"X-Team": "a", "X-Api-Key": "k-1"})
     h = transport.request_headers(target, "sk-1")
     assert h["Authorization"] == "Bearer sk-1" and h["X-Team"] == "a" and h["Content-Type"] == "application/json"
+    assert h["X-Api-Key"] == "k-1"  # a credential header (a SecretStr in the config) goes out as given
     assert "Authorization" not in transport.request_headers(target, None)
 
 

@@ -6,24 +6,18 @@ stalls make the run INCONCLUSIVE."""
 
 from __future__ import annotations
 
-import sys
 from types import ModuleType
 
 import pytest
 
-from helpers import REPO
+from helpers import benchmark
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def vq() -> ModuleType:
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import verdict_quality
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
-    return verdict_quality
+    return benchmark("verdict_quality")
 
 
 def run(vq: ModuleType, name: str, seed: int = 1):  # noqa: ANN201

@@ -75,15 +75,15 @@ async def test_a_silent_engine_whose_front_end_answers_is_wedged_until_its_next_
     await _tick(w, clock)  # 2.9 s: probed, answered: wedged
     assert gauge.value == 1.0 and len(probes) == 1
     (f,) = analyzer.findings
-    assert f["diagnosis"] == "engine wedged" and f["severity"] == "critical" and f["window"] == 3
-    assert 2.0 < f["evidence"]["silence_seconds"] < 3.0 and f["evidence"]["in_flight"] == 1
+    assert f.diagnosis == "engine wedged" and f.severity == "critical" and f.window == 3
+    assert 2.0 < f.evidence["silence_seconds"] < 3.0 and f.evidence["in_flight"] == 1
     await _tick(w, clock)  # still silent: the same episode, no second probe or finding
     assert len(probes) == 1 and len(analyzer.findings) == 1
     r.token_times_ns.append(clock.ns)  # a byte: the episode ends
     await _tick(w, clock, 0.1)
     assert gauge.value == 0.0 and w.episodes == 1 and w.episode is None
     assert analyzer.verdict().reasons == ["freeze: engine wedged (window 3)"]
-    assert 3 in analyzer.wedged_windows  # the window's own freeze finding is not made twice
+    assert 3 in analyzer.freeze.wedged_windows  # the window's own freeze finding is not made twice
 
 
 async def test_idle_servers_dead_servers_and_late_checks_are_not_wedged() -> None:
@@ -162,11 +162,11 @@ async def test_a_still_token_counter_with_requests_running_is_a_wedge_with_nothi
     await _scrape(w, clock, 150, 4)  # 2 s flat over three scrapes: probed, answered: wedged
     assert gauge.value == 1.0 and len(probes) == 1
     (f,) = analyzer.findings
-    ev = f["evidence"]
-    assert f["diagnosis"] == "engine wedged" and f["severity"] == "critical" and f["window"] == 3
+    ev = f.evidence
+    assert f.diagnosis == "engine wedged" and f.severity == "critical" and f.window == 3
     assert ev["sources"] == ["server_tokens"] and ev["silence_seconds"] is None
     assert ev["server_tokens_flat_seconds"] == 2.0 and ev["server_requests_running"] == 4
-    assert ev["server_generation_tokens_total"] == 150 and "counter still at 150" in f["message"]
+    assert ev["server_generation_tokens_total"] == 150 and "counter still at 150" in f.message
     await _scrape(w, clock, 150, 4)  # the same episode
     assert len(probes) == 1 and len(analyzer.findings) == 1
     await _scrape(w, clock, 151, 4)  # a token: the episode ends
@@ -179,7 +179,7 @@ async def test_both_sources_are_named_when_they_both_see_it() -> None:
     for tokens in (10, 10, 10):  # counter flat 2 s, streams silent 2 s: both at the same check
         await _scrape(w, clock, tokens, 2)
     (f,) = analyzer.findings
-    assert f["evidence"]["sources"] == ["streams", "server_tokens"], f
+    assert f.evidence["sources"] == ["streams", "server_tokens"], f
     ended: list[dict] = []
     w.analyzer.wedge_ended = lambda ep, took: ended.append(ep)  # type: ignore[method-assign]
     rec.active.clear()
@@ -233,14 +233,14 @@ async def test_a_counter_counted_when_requests_end_must_stay_still_longer_than_a
     flat while its requests run. With a baseline e2e p99 of 2 s the span must pass 6 s, not the 2 s threshold."""
     w, clock, rec, analyzer, gauge, probes = _counter_watch(per_step=False)
     q = SimpleNamespace
-    analyzer.baseline = q(e2e_seconds=q(p99=2.0), ttft_seconds=q(p95=0.1), itl_seconds=q(p99=0.02))  # type: ignore[assignment]
+    analyzer.drift_detector.baseline = q(e2e_seconds=q(p99=2.0), ttft_seconds=q(p95=0.1), itl_seconds=q(p99=0.02))  # type: ignore[assignment]
     assert w.counter_threshold(analyzer.freeze_threshold()) == 6.0
     for _ in range(6):  # 5 s flat: a long request, not a wedge
         await _scrape(w, clock, 40, 2)
     assert probes == [] and not analyzer.findings
     await _scrape(w, clock, 40, 2)  # 6 s
     (f,) = analyzer.findings
-    assert f["evidence"]["server_tokens_threshold_seconds"] == 6.0 and f["evidence"]["sources"] == ["server_tokens"]
+    assert f.evidence["server_tokens_threshold_seconds"] == 6.0 and f.evidence["sources"] == ["server_tokens"]
 
 
 async def _kv_scrape(w: WedgeWatch, clock: Clock, tokens: float, running: float, kv: float) -> None:
@@ -258,14 +258,14 @@ async def test_a_wedge_with_the_kv_cache_pinned_full_is_named_kv_cache_saturated
     for _ in range(4):
         await _kv_scrape(w, clock, 300, 8, 0.995)
     (f,) = analyzer.findings
-    ev = f["evidence"]
-    assert f["diagnosis"] == "KV cache saturated" and f["kind"] == "freeze" and f["severity"] == "critical"
+    ev = f.evidence
+    assert f.diagnosis == "KV cache saturated" and f.kind == "freeze" and f.severity == "critical"
     assert ev["server_kv_cache_usage_ratio"] == 0.995 and ev["server_requests_running"] == 8
-    assert ev["server_requests_waiting"] == 5 and "KV cache is full (99.5% used, 8 running, 5 waiting)" in f["message"]
+    assert ev["server_requests_waiting"] == 5 and "KV cache is full (99.5% used, 8 running, 5 waiting)" in f.message
     assert kv_gauge.value == 1.0 and gauge.value == 1.0
     await _kv_scrape(w, clock, 320, 8, 0.9)  # tokens again: over
     assert kv_gauge.value == 0.0 and gauge.value == 0.0 and w.episode is None
-    assert analyzer.live_episodes and analyzer.live_episodes[-1][1] is not None
+    assert analyzer.freeze.live_episodes and analyzer.freeze.live_episodes[-1][1] is not None
 
 
 async def test_a_wedge_with_room_in_the_kv_cache_stays_engine_wedged() -> None:
@@ -274,5 +274,5 @@ async def test_a_wedge_with_room_in_the_kv_cache_stays_engine_wedged() -> None:
     for _ in range(4):
         await _kv_scrape(w, clock, 300, 8, 0.6)
     (f,) = analyzer.findings
-    assert f["diagnosis"] == "engine wedged" and f["evidence"]["server_kv_cache_usage_ratio"] == 0.6
+    assert f.diagnosis == "engine wedged" and f.evidence["server_kv_cache_usage_ratio"] == 0.6
     assert gauge.value == 1.0 and kv_gauge.value == 0.0

@@ -1,0 +1,444 @@
+"""The detectors a closed window goes through, behind one protocol, and what they share.
+
+``soakd.analysis.engine.Analyzer`` is a loop over its detectors (``Analyzer.detectors``, in order):
+each gets the window and the window's ``WindowContext`` — what the detectors before it found (the
+drift comparisons, throttle results, leak judgements) and the window's findings so far — adds its own
+findings and info events to it, and keeps a live state (``state()``, a typed object) that the
+exporter and ``/status`` read. A window cut short by the end of the run goes only to the detectors
+whose ``partial`` is true. After every detector has seen the window, each ``close``s it. At the end
+of the run each may add run-level findings (``finish``); on resume each is primed with the earlier
+segments' windows (``restore``), making no findings.
+
+The detectors here are the small ones; the drift detector (the baseline pool, live comparisons and
+the end-of-run change points) is ``soakd.analysis.drift_watch``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from soakd.analysis import leak as leak_mod
+from soakd.analysis import throttle as throttle_mod
+from soakd.analysis.diagnosis import diagnose
+from soakd.analysis.drift import DriftResult
+from soakd.analysis.freeze import freeze_finding, freeze_threshold, wedge_finding
+from soakd.analysis.gpu_errors import GpuErrors
+from soakd.analysis.kvsat import kv_saturated_finding
+from soakd.analysis.restarts import ServerRestarts
+from soakd.config.analysis import AnalysisConfig
+from soakd.core.findings import Finding
+from soakd.core.summary import WindowSummary
+
+__all__ = [
+    "AbDetector",
+    "AbState",
+    "ClientDetector",
+    "Detector",
+    "DiagnosisDetector",
+    "FreezeDetector",
+    "FreezeState",
+    "GpuErrorDetector",
+    "LeakDetector",
+    "LeakState",
+    "PowerCapDetector",
+    "RestartDetector",
+    "RunContext",
+    "ThrottleDetector",
+    "ThrottleState",
+    "WindowContext",
+]
+
+Window = WindowSummary
+EventSink = Callable[[str, str, str, dict[str, Any], int | None], None]  # kind, severity, message, data, window
+
+
+@dataclass
+class WindowContext:
+    """One closed window on its way through the detectors."""
+
+    window: Window
+    full: list[Window]  # every full window of the run so far (this one included when full)
+    emit: EventSink  # info events (a leak judgement revised, another memory step)
+    baseline: Window | None = None  # the run's baseline window (the drift detector's)
+    drift: list[DriftResult] = field(default_factory=list)  # this window's live comparisons
+    throttles: list[throttle_mod.ThrottleResult] = field(default_factory=list)
+    leaks: list[leak_mod.LeakResult] = field(default_factory=list)  # the run's leak judgements now
+    new_leaks: list[leak_mod.LeakResult] = field(default_factory=list)  # suspected since the last window
+    new_steps: list[leak_mod.LeakResult] = field(default_factory=list)  # a staircase named at this window
+    findings: list[Finding] = field(default_factory=list)  # the window's findings so far
+
+    @property
+    def partial(self) -> bool:
+        return self.window.partial
+
+
+@dataclass
+class RunContext:
+    """The end of the run."""
+
+    full: list[Window]
+    emit: EventSink
+
+
+class Detector(Protocol):
+    """One detector: a closed window in (its findings into ``ctx.findings``), its live state out."""
+
+    name: str
+    partial: bool  # whether a partial window (cut short by the end of the run) goes to it
+
+    def add(self, w: Window, ctx: WindowContext) -> None: ...
+
+    def close(self, w: Window, ctx: WindowContext) -> None: ...
+
+    def restore(self, windows: list[Window], baseline: Window | None = None) -> None: ...
+
+    def finish(self, ctx: RunContext) -> list[Finding]: ...
+
+    def state(self) -> Any: ...
+
+
+class _Quiet:
+    """Defaults: full windows only, nothing after a window, nothing to restore, nothing at the end."""
+
+    partial = False
+
+    def close(self, w: Window, ctx: WindowContext) -> None:
+        return None
+
+    def restore(self, windows: list[Window], baseline: Window | None = None) -> None:
+        return None
+
+    def finish(self, ctx: RunContext) -> list[Finding]:
+        return []
+
+
+# ---------------------------------------------------------------------------------------------
+# throttling
+
+
+@dataclass(frozen=True)
+class ThrottleState:
+    detected: bool = False
+    results: tuple[throttle_mod.ThrottleResult, ...] = ()
+
+
+class ThrottleDetector(_Quiet):
+    """Clocks-event reasons against the SM clock and latency (``soakd.analysis.throttle``)."""
+
+    name = "throttle"
+    partial = True
+
+    def __init__(self, cfg: AnalysisConfig) -> None:
+        self.cfg = cfg
+        self._state = ThrottleState()
+
+    def add(self, w: Window, ctx: WindowContext) -> None:
+        perf = any(r.flagged and r.direction == "degraded" and r.metric != "error_rate" for r in ctx.drift)
+        results = throttle_mod.evaluate(w, ctx.baseline, self.cfg.throttle, latency_drift=perf)
+        self._state = ThrottleState(any(t.detected for t in results), tuple(results))
+        ctx.throttles = results
+
+    def state(self) -> ThrottleState:
+        return self._state
+
+
+class PowerCapDetector(_Quiet):
+    """A power or thermal reason active with the SM clock and latency where they were at the baseline: a
+    GPU at its limit under full load, named once as healthy (after the diagnosis, which names throttling)."""
+
+    name = "power_cap"
+
+    def __init__(self) -> None:
+        self.reported = False
+
+    def add(self, w: Window, ctx: WindowContext) -> None:
+        capped = [t for t in ctx.throttles if t.active and not t.impact and t.sm_clock_reference_kind == "baseline"]
+        if capped and not self.reported:
+            self.reported = True
+            ctx.findings.append(Finding(
+                kind="throttle", diagnosis="power-capped, healthy", severity="info",
+                message="; ".join(t.message() for t in capped) + ": the SM clock holds the baseline's and latency "
+                "has not drifted, so this is a GPU running at its limit under full load, not throttling",
+                evidence={"throttle": [t.to_dict() for t in capped]}, window=w.window))  # fmt: skip
+
+    def state(self) -> bool:
+        return self.reported
+
+
+# ---------------------------------------------------------------------------------------------
+# memory
+
+
+@dataclass(frozen=True)
+class LeakState:
+    leaks: dict[str, leak_mod.LeakResult] = field(default_factory=dict)
+
+
+class LeakDetector(_Quiet):
+    """The run's leak judgement of every memory source after each window (``soakd.analysis.leak``):
+    what became suspected (named once), what was revised, a staircase and its later steps."""
+
+    name = "leak"
+    partial = True  # judged after a partial window too (its findings wait for a full one)
+
+    def __init__(self, cfg: AnalysisConfig) -> None:
+        self.cfg = cfg
+        self.leaks: dict[str, leak_mod.LeakResult] = {}
+
+    def add(self, w: Window, ctx: WindowContext) -> None:
+        before = self.leaks
+        leaks = leak_mod.evaluate(ctx.full, self.cfg.leak)
+        ctx.new_leaks = [lk for lk in leaks if lk.suspected and not (before.get(lk.source)
+                                                                   and before[lk.source].suspected)]
+        revised = [lk for lk in leaks if not lk.suspected and before.get(lk.source) is not None
+                   and before[lk.source].suspected]
+        # a staircase is named once (a 'memory steps' finding); its later steps are info events
+        ctx.new_steps = [lk for lk in leaks if lk.memory_steps and not (before.get(lk.source)
+                                                                        and before[lk.source].memory_steps)]
+        more_steps = [lk for lk in leaks if lk.memory_steps and lk not in ctx.new_steps
+                      and lk.steps > before[lk.source].steps]
+        self.leaks = {lk.source: lk for lk in leaks}
+        ctx.leaks = leaks
+        if ctx.partial:
+            return
+        for lk in revised:
+            ctx.emit("leak", "info", f"leak finding revised: {lk.message()}", lk.to_dict(), w.window)
+        for lk in more_steps:
+            ctx.emit("leak", "info", f"memory steps: another step: {lk.message()}", lk.to_dict(), w.window)
+
+    def state(self) -> LeakState:
+        return LeakState(dict(self.leaks))
+
+
+# ---------------------------------------------------------------------------------------------
+# the GPU and the server
+
+
+class GpuErrorDetector(_Quiet):
+    """New Xid events and uncorrected ECC errors (``soakd.analysis.gpu_errors``): critical at once, in a
+    partial window too."""
+
+    name = "gpu"
+    partial = True
+
+    def __init__(self) -> None:
+        self.errors = GpuErrors()
+
+    def add(self, w: Window, ctx: WindowContext) -> None:
+        ctx.findings += self.errors.add(w)
+
+    def restore(self, windows: list[Window], baseline: Window | None = None) -> None:
+        for w in windows:  # partial ones too: their counters are the latest of their segment
+            self.errors.prime(w)
+
+    def state(self) -> dict[str, dict[str, float]]:
+        return {gpu: dict(v) for gpu, v in self.errors.prev.items()}
+
+
+class RestartDetector(_Quiet):
+    """Server restarts recognised in its own metrics (``soakd.analysis.restarts``), said in the window's
+    'target restarted' finding or in one of their own."""
+
+    name = "restarts"
+    partial = True
+
+    def __init__(self) -> None:
+        self.restarts = ServerRestarts()
+        self.total = 0
+
+    def add(self, w: Window, ctx: WindowContext) -> None:
+        n = self.restarts.count(w)
+        self.total += n
+        if n:
+            self.restarts.report(w, n, ctx.findings)
+
+    def restore(self, windows: list[Window], baseline: Window | None = None) -> None:
+        for w in windows:
+            self.total += self.restarts.count(w)
+
+    def state(self) -> int:
+        return self.total
+
+
+# ---------------------------------------------------------------------------------------------
+# the method's troubleshooting table
+
+
+class DiagnosisDetector(_Quiet):
+    """What the detectors before it found, in the window, mapped onto the troubleshooting table
+    (``soakd.analysis.diagnosis``): outages, errors, throttling, bandwidth pressure, leaks, SLO,
+    performance drift."""
+
+    name = "diagnosis"
+
+    def __init__(self, cfg: AnalysisConfig) -> None:
+        self.cfg = cfg
+
+    def add(self, w: Window, ctx: WindowContext) -> None:
+        kv_res = next((lk for lk in ctx.leaks if lk.source == "kv_residue"), None)
+        ctx.findings += diagnose(
+            w, ctx.drift, ctx.throttles,
+            [lk for lk in ctx.leaks if lk.source != "kv_residue" and (lk in ctx.new_leaks or lk in ctx.new_steps)],
+            kv_res if kv_res is not None and kv_res in ctx.new_leaks else None,
+            baseline=ctx.baseline, drift_cfg=self.cfg.drift, cfg=self.cfg.diagnosis,
+        )  # fmt: skip
+
+    def state(self) -> None:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# silence: freezes, wedges, a saturated KV cache
+
+
+@dataclass(frozen=True)
+class FreezeState:
+    wedged_windows: frozenset[int] = frozenset()
+    kv_saturated_window: bool = False  # the last full window closed with a KV-saturated finding
+
+
+class FreezeDetector(_Quiet):
+    """The window's longest silence with requests in flight (``soakd.analysis.freeze``), unless a live
+    wedge finding of the window already reported it, and its KV-saturated-and-stuck span
+    (``soakd.analysis.kvsat``), unless a live wedge episode overlapped the window (one fault, one
+    finding). The live wedges themselves (``soakd.soak.wedge``) come in through ``add_wedge``."""
+
+    name = "freeze"
+
+    def __init__(self, cfg: AnalysisConfig) -> None:
+        self.cfg = cfg
+        self.wedged_windows: set[int] = set()  # windows a live 'engine wedged' finding was made in
+        # live wedge episodes (start unix, end unix or None while it lasts)
+        self.live_episodes: deque[list[float | None]] = deque(maxlen=100)
+        self.kv_saturated_window = False
+        self.baseline: Window | None = None
+
+    def threshold(self, w: Window | None, baseline: Window | None = None) -> float:
+        """The silence a freeze must outlast, from the baseline (the run's, or the one this detector saw
+        last), else from ``w``."""
+        ref = baseline if baseline is not None else self.baseline
+        return freeze_threshold(self.cfg, ref if ref is not None else w)
+
+    def add(self, w: Window, ctx: WindowContext) -> None:
+        self.baseline = ctx.baseline
+        if w.window not in self.wedged_windows:
+            f = freeze_finding(w, self.threshold(w))
+            if f is not None:
+                ctx.findings.append(f)
+        kv = self._kv_saturated(w, ctx.baseline)
+        self.kv_saturated_window = kv is not None
+        if kv is not None:
+            ctx.findings.append(kv)
+
+    def _kv_saturated(self, w: Window, baseline: Window | None) -> Finding | None:
+        if w.server.kv_saturated is None:
+            return None
+        start = w.start_unix
+        end = None if start is None else start + (w.wall_duration_seconds or w.duration_seconds)
+        for s, e in self.live_episodes:
+            if start is None or s is None or ((e is None or e >= start) and end is not None and s <= end):
+                return None
+        ref = baseline if baseline is not None and baseline.window != w.window else None
+        return kv_saturated_finding(w, ref, self.cfg.kv_saturated)
+
+    def wedge(self, ep: dict[str, Any]) -> Finding:
+        """A live wedge: requests in flight, no byte, the server answering."""
+        if ep.get("window") is not None:
+            self.wedged_windows.add(ep["window"])
+        self.live_episodes.append([ep.get("start_unix"), None])
+        return wedge_finding(ep)
+
+    def wedge_ended(self, ep: dict[str, Any], seconds: float) -> None:
+        for span in self.live_episodes:
+            if span[0] == ep.get("start_unix") and span[1] is None and span[0] is not None:
+                span[1] = span[0] + seconds
+
+    def state(self) -> FreezeState:
+        return FreezeState(frozenset(self.wedged_windows), self.kv_saturated_window)
+
+
+# ---------------------------------------------------------------------------------------------
+# soakd itself
+
+
+class ClientDetector(_Quiet):
+    """A window in which soakd itself stalled: shown, never judged; said as a finding."""
+
+    name = "client"
+
+    def __init__(self) -> None:
+        self.impaired = 0
+
+    def add(self, w: Window, ctx: WindowContext) -> None:
+        if w.client is not None and w.client.impaired:
+            self.impaired += 1
+            ctx.findings.append(Finding(kind="client", diagnosis="client-impaired", severity="info",
+                                        message=f"window {w.window} is client-impaired (shown, not judged): "
+                                                f"{w.client.impaired_reason}",
+                                        evidence=w.client.model_dump(), window=w.window))
+
+    def state(self) -> int:
+        return self.impaired
+
+
+# ---------------------------------------------------------------------------------------------
+# A/B: every target's windows
+
+
+@dataclass(frozen=True)
+class AbState:
+    last: dict[tuple[str, str], Any] = field(default_factory=dict)  # (metric, candidate) -> the newest AbResult
+    run: tuple[Any, ...] | None = None  # the run-level comparisons, once the run ended
+
+
+class AbDetector(_Quiet):
+    """An A/B run's judge over every target's windows (``soakd.analysis.ab``), in the reference target's
+    analysis: each comparison of a tier is a finding of kind ``ab`` (a *confident* worse one critical,
+    failing the run by default; likely or better ones info); the run-level comparison at the end."""
+
+    name = "ab"
+    partial = True  # a partial window pairs with nothing (not eligible), as before
+
+    def __init__(self, judge: Any) -> None:
+        self.judge = judge
+        self.run: list[Any] | None = None
+
+    @staticmethod
+    def findings(results: list[Any]) -> list[Finding]:
+        out = []
+        for r in results:
+            if r.tier is None:
+                continue
+            worse = r.tier == "confident" and r.direction == "worse"
+            out.append(Finding(kind="ab", diagnosis=f"{r.tier} A/B {'regression' if r.direction == 'worse' else 'difference'}",
+                               severity="critical" if worse else "info", message=r.message(),
+                               evidence={"tier": r.tier, **r.to_dict()}, window=r.window))
+        return out
+
+    def add(self, w: Window, ctx: WindowContext) -> None:
+        """The reference target's own window."""
+        ctx.findings += self.findings(self.judge.add(self.judge.reference, w))
+
+    def add_target(self, target: str, w: Window) -> list[Finding]:
+        """Another target's window: the comparisons it completes."""
+        return self.findings(self.judge.add(target, w))
+
+    def restore(self, windows: list[Window], baseline: Window | None = None) -> None:
+        for w in windows:
+            self.judge.windows[self.judge.reference][w.window] = w
+
+    def restore_target(self, target: str, windows: list[Window]) -> None:
+        for w in windows:
+            self.judge.windows[target][w.window] = w
+
+    def finish(self, ctx: RunContext) -> list[Finding]:
+        if self.run is not None:
+            return []
+        self.run = self.judge.run_results()
+        return self.findings(self.run)
+
+    def state(self) -> AbState:
+        return AbState(dict(self.judge.last), tuple(self.run) if self.run is not None else None)
