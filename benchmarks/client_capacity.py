@@ -29,6 +29,9 @@ Usage::
 Internal sub-commands (used by the benchmark itself): ``_soakd`` (``soakd run`` with a trace of
 every request, through a record listener), ``_serve`` (the server), ``_bare`` (the
 bare client as a process).
+
+Longer than 500 lines: a benchmark is one script a user runs as it is, so the servers, the bare
+clients it measures soakd against and the timing probes live beside the measurement.
 """
 
 from __future__ import annotations
