@@ -303,7 +303,8 @@ def judge_run(windows: list[WindowSummary], pool_windows: list[int], cfg: DriftC
             # segment from it on (the change point at its first window too) is judged against them
             reference = [lv for lv in pool if lv.window in check.reference]
             k = next(i for i, lv in enumerate(series) if lv.window >= check.moved_from)
-            cut = sorted({k, *(s for s in starts if s > k)})
+            # (a change point PELT put a window after it is the same change: its segments are 2 windows long)
+            cut = sorted({k, *(s for s in starts if s > k + 1)})
             segs = [series[a:b] for a, b in zip(cut, [*cut[1:], len(series)])]
             if k not in starts:
                 out.change_points[metric] = sorted({*out.change_points[metric], series[k].window})
