@@ -82,7 +82,8 @@ is critical with that drift as its impact, was a warning) and window 6 (its last
 pool: a new ``performance drift`` finding, ``drift/warning`` 1, a reason ``drift: performance drift
 (window 6)``), ``soakd_drift_events_total{itl_p50}`` 0 -> 2; the last window's ``soakd_drift_ratio``
 against the baseline of e2e_p50 and ttft_p50 moved with their references. ``live-shape.json``: by keys
-only, ``e2e_p99`` and ``ttft_p99`` in the four ``metric`` label lists of the drift families (edited: a
+only, ``e2e_p99`` and ``ttft_p99`` in the four ``metric`` label lists of the drift families and in the
+report verdict's ``stability`` (the shape of the p95s') (edited: a
 regeneration on this busy machine also dropped the report's ``baseline``, the windows being
 client-impaired, which is not this change's). Nothing else moved.
 
