@@ -102,6 +102,11 @@ class Cell:
     expect: str = "pass"  # pass | fail_by | no_confident | trend | leak_by | periodic | freeze | inconclusive | restart
     by_window: int | None = None
     limit: float = 0.0  # the target share (upper bound for pass cells, lower bound otherwise)
+    # issue 21 items 1, 2, 5: a blip in one window, a slow share of requests
+    blip_window: int | None = None  # one window this much slower (a noisy pool window)
+    blip: float = 0.0
+    slow_share: float = 0.0  # from step_at (or window 0): this share of requests slow_factor x slower
+    slow_factor: float = 1.0
 
 
 CELLS: tuple[Cell, ...] = (
@@ -176,6 +181,27 @@ CELLS: tuple[Cell, ...] = (
          ar_sd=0.10, ar_memory=60, ar_unit="seconds", step_at=12, step=0.04, expect="no_confident", limit=1.0),
     Cell("creep-ar", "creep +0.25% per window under AR +-10%/1 min", "(no target: trend found)", noise="ar",
          ar_sd=0.10, ar_memory=60, ar_unit="seconds", creep=0.0025, expect="trend", limit=0.0),
+    # issue 21 items 1, 2, 5: a regression inside the baseline pool, a noisy pool, pages within k windows
+    # ("paged": soakd_drift_detected went to 1 at a window <= by_window, i.e. within by_window - step_at + 1
+    # windows of the step, its own included), the tail
+    Cell("pool-step-1", "+10% latency from window 1 (inside the 4-window pool)", "FAIL >= 95%", step_at=1,
+         step=0.10, expect="fail_by", by_window=23, limit=0.95),
+    Cell("pool-step-2", "+10% latency from window 2 (inside the 4-window pool)", "FAIL >= 95%", step_at=2,
+         step=0.10, expect="fail_by", by_window=23, limit=0.95),
+    Cell("pool-blip-8", "+20% blip in pool window 2, then +8% from window 12", "FAIL >= 80%", blip_window=2,
+         blip=0.20, step_at=12, step=0.08, expect="fail_by", by_window=23, limit=0.80),
+    Cell("page-10", "+10% step at window 12, iid: paged within 2 windows", "paged by window 13 >= 90%",
+         step_at=12, step=0.10, expect="page_by", by_window=13, limit=0.90),
+    Cell("page-10-ar", "+10% step at window 12 under AR +-10%/1 min: paged within 2 windows",
+         "paged by window 13 >= 80%", noise="ar", ar_sd=0.10, ar_memory=60, ar_unit="seconds", step_at=12,
+         step=0.10, expect="page_by", by_window=13, limit=0.80),
+    Cell("page-20", "+20% step at window 12, iid: paged within 1 window", "paged at window 12 >= 95%",
+         step_at=12, step=0.20, expect="page_by", by_window=12, limit=0.95),
+    Cell("page-20-ar", "+20% step at window 12 under AR +-10%/1 min: paged within 1 window",
+         "paged at window 12 >= 95%", noise="ar", ar_sd=0.10, ar_memory=60, ar_unit="seconds", step_at=12,
+         step=0.20, expect="page_by", by_window=12, limit=0.95),
+    Cell("tail-1pct-8x", "1% of requests 8x slower from window 12 (p99 +60%, p95 +5%)", "FAIL >= 90%",
+         step_at=12, slow_share=0.01, slow_factor=8.0, expect="fail_by", by_window=23, limit=0.90),
 )
 
 
@@ -201,12 +227,23 @@ class LoadFactor:
 
 def latency_scale(cell: Cell, window: int, t_in_run: float) -> float:
     s = 1.0
-    if cell.step_at is not None and window >= cell.step_at and cell.step_on == "all":
+    if cell.step_at is not None and window >= cell.step_at and cell.step_on == "all" and not cell.slow_share:
         s *= 1.0 + cell.step
     if cell.creep:
         s *= 1.0 + cell.creep * (t_in_run / cell.window_s)
     if cell.period_s and (t_in_run % cell.period_s) < cell.period_s / 4:
         s /= 0.9  # a 10%-deep throughput drop: every request 1/0.9 as long
+    return s
+
+
+def extra_scale(cell: Cell, window: int, rng: random.Random) -> float:
+    """Issue 21's knobs: a blip window, a share of slow requests (from ``step_at``); draws nothing for a
+    cell without them (the other cells' random streams stay as they were)."""
+    s = 1.0
+    if cell.blip_window is not None and window == cell.blip_window:
+        s *= 1.0 + cell.blip
+    if cell.slow_share and window >= (cell.step_at or 0) and rng.random() < cell.slow_share:
+        s *= cell.slow_factor
     return s
 
 
@@ -234,6 +271,8 @@ def arrivals(cell: Cell, rng: random.Random) -> Iterator[tuple[float, ...]]:
         w = int(t // cell.window_s)
         z = rng.gauss(0.0, 1.0)
         base = load * latency_scale(cell, w, t) * tail_scale(cell, w, z)
+        if cell.blip_window is not None or cell.slow_share:
+            base *= extra_scale(cell, w, rng)
         e2e = math.exp(SIGMA * z) * base
         ttft = 0.1 * math.exp(0.4 * rng.gauss(0.0, 1.0)) * base
         yield t, e2e, min(ttft, e2e * 0.9), base
@@ -305,6 +344,7 @@ class RunResult:
     leak_rate: float | None = None  # MB/h, the last judgement of device memory
     ab_fail: bool = False  # the verdict fails on an ab finding
     ab_confident: bool = False  # a confident worse A/B difference (a window or the run)
+    page_window: int | None = None  # the first window at which soakd_drift_detected went to 1 (any metric)
 
 
 def _byte_times(cell: Cell, t: float, e2e: float, ttft: float) -> list[float]:
@@ -373,9 +413,10 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
     next_probe = cell.window_s / 2
 
     live_drift = False
+    page_window = None
 
     def close(now: float, final: bool = False) -> None:
-        nonlocal live, live_drift
+        nonlocal live, live_drift, page_window
         if cand_windows is not None and cand is not None and judge is not None:
             for w in cand_windows.close_due(now, final=final):
                 if not w.revision:
@@ -386,6 +427,8 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
                 continue
             analyzer.add_window(w)
             live_drift = live_drift or any(analyzer.drift_active.values())
+            if page_window is None and any(analyzer.drift_active.values()):
+                page_window = w.window
             if any(analyzer.drift_active.values()) or analyzer.throttle_detected or any(
                     lk.fails for lk in analyzer.leaks.values()):
                 live = True
@@ -473,7 +516,8 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
                      else None,
                      ab_fail=any(r.startswith("ab:") for r in verdict.reasons),
                      ab_confident=any(f.kind == "ab" and f.evidence.get("tier") == "confident"
-                                      and f.evidence.get("direction") == "worse" for f in analyzer.findings))
+                                      and f.evidence.get("direction") == "worse" for f in analyzer.findings),
+                     page_window=page_window)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -488,7 +532,7 @@ def _run(args: tuple[str, int]) -> dict[str, Any]:
             "confident": r.confident, "trend": r.trend, "leak_window": r.leak_window, "periodic": r.periodic,
             "freeze": r.freeze, "inconclusive": r.inconclusive, "restart_reported": r.restart_reported,
             "impaired_windows": r.impaired_windows, "leak_rate": r.leak_rate, "ab_fail": r.ab_fail,
-            "ab_confident": r.ab_confident}
+            "ab_confident": r.ab_confident, "page_window": r.page_window}
 
 
 # per expectation: what a run counts for, and whether the cell's limit is an upper bound (else a lower one)
@@ -506,6 +550,7 @@ _COUNTS: dict[str, tuple[Any, bool]] = {
     "restart": (lambda r, c: r["restart_reported"] and not any(x.startswith(("drift", "leak")) for x in r["reasons"]),
                 False),
     "leak_by": (lambda r, c: r["leak_window"] is not None and r["leak_window"] <= c.by_window, False),
+    "page_by": (lambda r, c: r.get("page_window") is not None and r["page_window"] <= c.by_window, False),
 }
 
 
@@ -527,6 +572,7 @@ def measure(cell: Cell, runs: int, seed0: int, pool: ProcessPoolExecutor | None)
     return {"cell": cell.name, "what": cell.what, "target": cell.target, "runs": n, "value": value, "ok": ok,
             "fail": fail, "live": live, "findings": kinds,
             "periodic": sum(r["periodic"] for r in results) / n,
+            "page": sum(r.get("page_window") is not None for r in results) / n,
             "inconclusive": sum(r["inconclusive"] for r in results) / n,
             "leak_rate_median": rates[len(rates) // 2] if rates else None}
 
@@ -536,6 +582,7 @@ MEASURE = {
     "leak_by": "leak finding by hour 8", "periodic": "periodic drops found", "freeze": "freeze finding",
     "inconclusive": "INCONCLUSIVE, not FAIL", "restart": "restart reported, no drift/leak FAIL",
     "ab_pass": "false ab FAIL", "ab_fail": "ab FAIL", "ab_confident": "confident ab",
+    "page_by": "paged in time",
 }
 
 
@@ -589,7 +636,7 @@ def main(argv: list[str] | None = None) -> int:
             extra = f", leak rate median {row['leak_rate_median']:.0f} MB/h" if row["leak_rate_median"] is not None \
                 and cell.memory == "leak" else ""
             print(f"{'PASS' if row['ok'] else 'MISS'}  {cell.name:<15} {row['value']:6.1%}  (final FAIL {row['fail']:6.1%}, "
-                  f"live flag {row['live']:6.1%}, periodic {row['periodic']:5.1%}, inconclusive "
+                  f"live flag {row['live']:6.1%}, drift page {row.get('page', 0.0):6.1%}, periodic {row['periodic']:5.1%}, inconclusive "
                   f"{row['inconclusive']:5.1%}{extra}; failing: {kinds})  target: {cell.target}", flush=True)
     finally:
         if pool is not None:

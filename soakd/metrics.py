@@ -172,11 +172,13 @@ CATALOGUE: tuple[MetricSpec, ...] = (
                "Signed relative change of a tracked quantity against the baseline or the previous window "
                "(error_rate: absolute difference of ratios).", ("metric", "reference"), group="analysis"),
     MetricSpec("soakd_drift_detected", "gauge",
-               "1 while the last closed window drifts beyond the threshold against the baseline, with confidence.",
+               "1 while the last closed window pages: it, or the mean of the last two or three windows, is beyond the "
+               "threshold against the checked baseline pool, with run-level confidence.",
                ("metric",), group="analysis"),
     MetricSpec("soakd_drift_detectable_ratio", "gauge",
-               "The smallest change of a tracked quantity one window can show as confident drift against the baseline "
-               "pool at this run's noise (set when the pool is complete; error_rate in absolute terms).", ("metric",),
+               "The smallest change of a tracked quantity the live page catches within two windows (about half the "
+               "time) against the baseline pool at this run's noise (set when the pool is complete; error_rate in "
+               "absolute terms).", ("metric",),
                group="analysis"),
     MetricSpec("soakd_drift_events_total", "counter",
                "Windows flagged as drifted against the baseline, by metric.", ("metric",), group="analysis"),

@@ -19,7 +19,9 @@ import pymannkendall
 import ruptures
 from scipy import stats as sps
 
+from soakd.analysis import page as page_mod
 from soakd.analysis.drift import DriftResult
+from soakd.analysis.page import PoolCheck
 from soakd.analysis.levels import Level, between_variance, levels
 from soakd.config.analysis import DriftConfig
 from soakd.core.summary import WindowSummary
@@ -30,6 +32,7 @@ __all__ = [
     "RunDrift",
     "Trend",
     "change_points",
+    "checked_series",
     "compare_levels",
     "format_change",
     "judge_run",
@@ -255,16 +258,39 @@ def _t(p: float, df: float) -> float:
     return float(sps.t.ppf(p, max(1.0, df)))
 
 
-def judge_run(windows: list[WindowSummary], pool_windows: list[int], cfg: DriftConfig) -> RunDrift:
-    """Change points, segment changes against the pool and trends over the run's full windows."""
+def checked_series(windows: list[WindowSummary], metric: str, pool_windows: list[int], cfg: DriftConfig,
+                   checks: dict[str, PoolCheck] | None = None) -> tuple[list[Level], list[Level], PoolCheck | None]:
+    """``(series, pool, check)``: the metric's levels less the pool windows its check left out (a blip),
+    the pool's levels, and the check (``page.check_pool`` with the run's noise floor; ``checks``: given
+    ones instead)."""
+    series = levels(windows, metric, cfg)
+    pool_set = set(pool_windows)
+    pool = [lv for lv in series if lv.window in pool_set]
+    if not pool:
+        return series, pool, None
+    check = (checks or {}).get(metric)
+    if check is None and checks is None:
+        # the pool's own test with everything the run knows: the sub-windows' slow wander, the noise floor
+        fam = page_mod.family_of(metric)
+        extra = page_mod.long_run_extra([w for w in windows if w.window in pool_set], fam) if fam else 0.0
+        _, tau2, _ = change_points(series)
+        check = page_mod.check_pool(metric, pool, cfg, extra + tau2)
+    if check is not None and check.dropped:
+        series = [lv for lv in series if lv.window not in check.dropped]
+        pool = [lv for lv in pool if lv.window not in check.dropped]
+    return series, pool, check
+
+
+def judge_run(windows: list[WindowSummary], pool_windows: list[int], cfg: DriftConfig,
+              checks: dict[str, PoolCheck] | None = None) -> RunDrift:
+    """Change points, segment changes against the checked pool and trends over the run's full windows.
+    ``checks``: pool checks to use instead of the run's own (``checked_series``)."""
     out = RunDrift(pool=list(pool_windows))
     alpha = 1.0 - cfg.confidence
     m = max(1, len(cfg.metrics))
-    pool_set = set(pool_windows)
     for metric in cfg.metrics:
         thr = cfg.threshold_for(metric)
-        series = levels(windows, metric, cfg)
-        pool = [lv for lv in series if lv.window in pool_set]
+        series, pool, check = checked_series(windows, metric, pool_windows, cfg, checks)
         if len(series) < len(pool) + 2 or not pool:
             continue
         starts, tau2, df = change_points(series)
@@ -272,7 +298,17 @@ def judge_run(windows: list[WindowSummary], pool_windows: list[int], cfg: DriftC
         out.change_points[metric] = [series[s].window for s in starts]
         bounds = [0, *starts, len(series)]
         last_pool = max(lv.window for lv in pool)
-        if starts and series[starts[0] - 1].window >= last_pool:
+        if check is not None and check.moved_from is not None:
+            # a regression that began inside the pool: the windows before it are the reference, every
+            # segment from it on (the change point at its first window too) is judged against them
+            reference = [lv for lv in pool if lv.window in check.reference]
+            k = next(i for i, lv in enumerate(series) if lv.window >= check.moved_from)
+            # (a change point PELT put a window after it is the same change: its segments are 2 windows long)
+            cut = sorted({k, *(s for s in starts if s > k + 1)})
+            segs = [series[a:b] for a, b in zip(cut, [*cut[1:], len(series)])]
+            if k not in starts:
+                out.change_points[metric] = sorted({*out.change_points[metric], series[k].window})
+        elif starts and series[starts[0] - 1].window >= last_pool:
             # the first segment holds the pool and the windows that did not differ from it: the reference
             reference = series[:starts[0]]
             segs = [series[a:b] for a, b in zip(bounds[1:], bounds[2:])]
@@ -320,8 +356,8 @@ def _segment_change(metric: str, part: list[Level], reference: list[Level], tau2
 
 
 def span_changes(windows: list[WindowSummary], pool_windows: list[int], cfg: DriftConfig,
-                 spans: list[tuple[int, int]], skip: set[tuple[str, int, int]] = frozenset()
-                 ) -> list[tuple[tuple[int, int], Change]]:
+                 spans: list[tuple[int, int]], skip: set[tuple[str, int, int]] = frozenset(),
+                 checks: dict[str, PoolCheck] | None = None) -> list[tuple[tuple[int, int], Change]]:
     """Every tracked metric over each of ``spans`` (first, last window: the spans of the run's change
     points) against the pool, as ``judge_run`` tests a segment: what else moved in the same windows. The
     family is metrics x spans; ``skip``: (metric, first, last) already judged. ``(span, change)`` for the
@@ -331,13 +367,14 @@ def span_changes(windows: list[WindowSummary], pool_windows: list[int], cfg: Dri
         return out
     alpha = 1.0 - cfg.confidence
     m = max(1, len(cfg.metrics))
-    pool_set = set(pool_windows)
     for metric in cfg.metrics:
-        series = levels(windows, metric, cfg)
-        pool = [lv for lv in series if lv.window in pool_set]
+        series, pool, check = checked_series(windows, metric, pool_windows, cfg, checks)
         if not pool or len(series) < len(pool) + 2:
             continue
         last_pool = max(lv.window for lv in pool)
+        if check is not None and check.moved_from is not None:
+            pool = [lv for lv in pool if lv.window in check.reference]
+            last_pool = check.moved_from - 1
         # the differences that straddle a span's edges carry its step, not the noise
         breaks = frozenset(i for i in range(len(series) - 1) for a, b in spans
                            if series[i].window < a <= series[i + 1].window or series[i].window <= b < series[i + 1].window)

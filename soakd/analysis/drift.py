@@ -59,6 +59,8 @@ class DriftResult:
     reference_window: int | None = None
     scenario: str | None = None
     tier: Literal["confident", "likely"] | None = None
+    windows: int = 1  # the live page: the segment of the last ``windows`` windows that paged (soakd.analysis.page)
+    segment_ratio: float | None = None  # that segment's change against the reference
 
     @property
     def flagged(self) -> bool:
@@ -79,11 +81,16 @@ class DriftResult:
             f"{head} window {self.reference_window}: {self.value:.6g} vs {self.reference_value:.6g}, "
             f"threshold {self.threshold * 100:.1f}{'pp' if absolute else '%'}, n {self.n}/{self.reference_n}: "
             f"{self.status}{' (' + self.direction + ')' if self.direction else ''}"
+            + (f"; the last {self.windows} windows {fmt(self.segment_ratio)}" if self.segment_ratio is not None
+               and self.windows > 1 else "")
         )
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["ratio_ci"] = list(self.ratio_ci) if self.ratio_ci else None
+        if self.segment_ratio is None:  # documents of a comparison that did not page stay as they were
+            d.pop("windows")
+            d.pop("segment_ratio")
         return d
 
 

@@ -6,6 +6,7 @@ previous window, and at the end of the run the change points, trends and periodi
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -13,6 +14,7 @@ from soakd.analysis import changes as changes_mod
 from soakd.analysis import drift as drift_mod
 from soakd.analysis import judged as judged_mod
 from soakd.analysis import levels as levels_mod
+from soakd.analysis import page as page_mod
 from soakd.analysis.detector import RunContext, WindowContext
 from soakd.analysis.periodic import PeriodicDrops, periodic_drops
 from soakd.config.analysis import AnalysisConfig
@@ -34,7 +36,8 @@ class DriftState:
     drift: dict[tuple[str, str], drift_mod.DriftResult] = field(default_factory=dict)  # (metric, reference)
     active: dict[str, bool] = field(default_factory=dict)
     events: dict[str, int] = field(default_factory=dict)
-    detectable: dict[str, float] = field(default_factory=dict)  # the smallest confident change of one window
+    detectable: dict[str, float] = field(default_factory=dict)  # the smallest change a page catches in 2 windows
+    checks: dict[str, page_mod.PoolCheck] = field(default_factory=dict)  # the pool's own test, per metric
     stability: dict[str, Any] = field(default_factory=dict)
 
 
@@ -57,6 +60,8 @@ class DriftDetector:
         self.stability: dict[str, Any] = {}
         self.run_drift: changes_mod.RunDrift | None = None
         self.periodic: PeriodicDrops | None = None
+        self.checks: dict[str, page_mod.PoolCheck] = {}  # set when the pool is complete (page.check_pool)
+        self.judged: list[Window] = []  # the poolable windows so far (their sub-windows: the slow wander)
 
     # ---- the baseline pool and the level series
     def poolable(self, w: Window) -> bool:
@@ -102,60 +107,142 @@ class DriftDetector:
         if not self.baseline_external:
             self.pool = []
         self.series = {m: [] for m in self.cfg.drift.metrics}
+        self.judged = []
         for w in full:
             self._add_to_pool(w)
             self._add_levels(w)
+            if self.poolable(w):
+                self.judged.append(w)
         if self.pool_complete and full:
+            self._check_pool()
             self._detectable()
         self.stability = drift_mod.stability(full, self.cfg.drift)
 
     # ---- a window
+    def _extra(self, metric: str, windows: list[Window] | None = None) -> float:
+        """The slower wander the sub-windows show (``page.long_run_extra``), for a latency quantile."""
+        fam = page_mod.family_of(metric)
+        return page_mod.long_run_extra(windows if windows is not None else self.judged, fam) if fam else 0.0
+
+    def _check_pool(self) -> None:
+        """Test the pool before trusting it (``page.check_pool``), per metric."""
+        self.checks = {}
+        if self.baseline_external:
+            return
+        pool_windows = [p for p in self.pool]
+        for metric in self.cfg.drift.metrics:
+            pool = self._pool_levels(metric)
+            if pool:
+                self.checks[metric] = page_mod.check_pool(metric, pool, self.cfg.drift,
+                                                          self._extra(metric, pool_windows), steps=False)
+
+    def reference(self, metric: str) -> tuple[list[levels_mod.Level], int | None, frozenset[int]]:
+        """The levels every live comparison of ``metric`` is made against, the first window after them
+        that is judged live (None: after the pool), and the pool windows never judged (a blip)."""
+        pool = self._pool_levels(metric)
+        check = self.checks.get(metric)
+        if check is None:
+            return pool, None, frozenset()
+        ref = [lv for lv in pool if lv.window in check.reference]
+        return ref, check.moved_from, frozenset(check.dropped)
+
     def _live(self, w: Window, current: dict[str, levels_mod.Level]) -> list[drift_mod.DriftResult]:
-        """Every metric of ``w`` against the pool and the previous window (changes.compare_levels)."""
+        """Every metric of ``w`` against its reference: the sequential rule of ``page.scan`` (the last
+        one, two or three windows); against the previous window too, reported (never a page)."""
         cfg = self.cfg.drift
         out = []
         prev = self.previous
         for metric in cfg.metrics:
             lv = current.get(metric)
-            # the noise floor from the windows before this one: a step in it must not hide itself
+            ref, moved_from, dropped = self.reference(metric)
+            extra = self._extra(metric)
+            # the noise floor from the windows before the segments the scan tests: a step must not hide itself
             history = self.series[metric][:-1] if lv is not None else self.series[metric]
-            tau2 = changes_mod.tau2_upper(history)
-            refs: list[tuple[str, list[levels_mod.Level]]] = [("baseline", self._pool_levels(metric))]
-            if prev is not None:
-                p = next((x for x in reversed(self.series[metric]) if x.window == prev.window), None)
-                refs.append(("previous", [p] if p is not None else []))
-            for kind, ref in refs:
-                if lv is None or not ref:
-                    r = drift_mod.compare(w, self.baseline if kind == "baseline" else prev, metric, cfg,
-                                          reference_kind=kind)  # type: ignore[arg-type]
-                    out.append(replace(r, status="no_data" if r.status == "no_data" else "insufficient",
-                                       direction=None))
-                    continue
-                out.append(changes_mod.compare_levels(metric, lv, ref, tau2, self.z_live, cfg,
-                                                      reference_kind=kind))  # type: ignore[arg-type]
+            history = history[:max(len(self._pool_levels(metric)), len(history) - (page_mod.SCAN - 1))]
+            tau2 = page_mod.noise_floor(page_mod.with_extra(history, extra), moved_from=moved_from, dropped=dropped)
+            if lv is None or not ref:
+                r = drift_mod.compare(w, self.baseline, metric, cfg, reference_kind="baseline")
+                out.append(replace(r, status="no_data" if r.status == "no_data" else "insufficient", direction=None))
+            else:
+                if self.baseline_external:
+                    post = self.series[metric]
+                else:
+                    start = moved_from if moved_from is not None else max(p.window for p in self.pool) + 1
+                    post = [x for x in self.series[metric] if x.window >= start and x.window not in dropped]
+                out.append(self._scan_result(metric, lv, post, ref, tau2, extra))
+            if prev is None:
+                continue
+            p = next((x for x in reversed(self.series[metric]) if x.window == prev.window), None)
+            if lv is None or p is None:
+                r = drift_mod.compare(w, prev, metric, cfg, reference_kind="previous")
+                out.append(replace(r, status="no_data" if r.status == "no_data" else "insufficient", direction=None))
+                continue
+            r = changes_mod.compare_levels(metric, lv, [p], tau2 + extra, self.z_live, cfg, reference_kind="previous")
+            out.append(replace(r, status="ok", direction=None))
         return out
 
+    def _scan_result(self, metric: str, lv: levels_mod.Level, post: list[levels_mod.Level],
+                     ref: list[levels_mod.Level], tau2: float, extra: float) -> drift_mod.DriftResult:
+        cfg = self.cfg.drift
+        spec = changes_mod.METRICS[metric]
+        thr = cfg.threshold_for(metric)
+        sc = page_mod.scan(metric, post, ref, tau2, extra, self.z_live, cfg)
+        assert sc is not None
+        half = self.z_live * sc.se1
+        ratio = changes_mod._ratio(metric, sc.d1)
+        ci = (changes_mod._ratio(metric, sc.d1 - half), changes_mod._ratio(metric, sc.d1 + half))
+        ref_y = sum(x.y for x in ref) / len(ref)
+        direction = None
+        tier = None
+        if sc.side:
+            direction = "degraded" if (sc.side > 0) == spec.higher_is_worse else "improved"
+            tier = "confident"
+        elif (ratio > thr and ci[0] > 0) or (ratio < -thr and ci[1] < 0):
+            tier = "likely"
+        return drift_mod.DriftResult(
+            metric=metric, reference="baseline", value=lv.value, reference_value=ref_y if spec.absolute
+            else math.exp(ref_y), ratio=ratio, ratio_ci=ci, status="drift" if sc.side else "ok",
+            direction=direction, threshold=thr, n=lv.n, reference_n=sum(x.n for x in ref), window=lv.window,
+            reference_window=ref[0].window if len(ref) == 1 else None, tier=tier,
+            windows=sc.windows if sc.side else 1,
+            segment_ratio=changes_mod._ratio(metric, sc.d) if sc.side else None)  # fmt: skip
+
     def _pool_done(self, w: Window, ctx: WindowContext) -> None:
+        self._check_pool()
         mde = self._detectable()
         wins = [p.window for p in self.pool]
-        text = ", ".join(f"{m} {changes_mod.format_change(m, v['one_window'])[1:]}" for m, v in mde.items())
-        ctx.emit("baseline", "info", f"windows {wins} are the baseline pool; smallest change one window can "
-                 f"show as confident drift: {text}", {"windows": wins, "detectable": mde}, w.window)
+        text = ", ".join(f"{m} {changes_mod.format_change(m, v['within_2_windows'])[1:]}" for m, v in mde.items())
+        ctx.emit("baseline", "info", f"windows {wins} are the baseline pool; smallest change a page catches within "
+                 f"two windows: {text}", {"windows": wins, "detectable": mde}, w.window)
+        moved = {m: c for m, c in self.checks.items() if not c.checked}
+        if moved:
+            parts = []
+            for m, c in moved.items():
+                if c.moved_from is not None:
+                    parts.append(f"{m} moved from window {c.moved_from} (reference: windows {list(c.reference)})")
+                else:
+                    parts.append(f"{m} differs in window(s) {list(c.dropped)} (left out of the reference)")
+            ctx.emit("baseline", "warning", "baseline not stable: " + "; ".join(parts),
+                     {"checks": {m: {"reference": list(c.reference), "moved_from": c.moved_from,
+                                     "dropped": list(c.dropped), "stat": c.stat} for m, c in moved.items()}},
+                     w.window)
 
     def _detectable(self) -> dict[str, dict[str, float]]:
-        """The smallest change one window (and twelve pooled) could show as confident drift, per metric."""
+        """The smallest change a page catches within two windows (and within one), per metric."""
         cfg = self.cfg.drift
         mde = {}
         for metric in cfg.metrics:
-            pool = self._pool_levels(metric)
-            if not pool:
+            ref, moved_from, dropped = self.reference(metric)
+            if not ref:
                 continue
-            tau2 = changes_mod.tau2_upper(self.series[metric])
-            var = sum(lv.var for lv in pool) / len(pool)
-            one = changes_mod.mde(metric, var, pool, tau2, self.z_live, cfg)
-            self.detectable[metric] = one
-            mde[metric] = {"one_window": one,
-                           "pooled_12_windows": changes_mod.mde(metric, var, pool, tau2, self.z_live, cfg, 12)}
+            extra = self._extra(metric)
+            tau2 = page_mod.noise_floor(page_mod.with_extra(self.series[metric], extra), moved_from=moved_from,
+                                        dropped=dropped)
+            var = sum(lv.var for lv in ref) / len(ref)
+            two = page_mod.detectable(metric, var, ref, tau2, extra, self.z_live, cfg, 2)
+            self.detectable[metric] = two
+            mde[metric] = {"within_2_windows": two,
+                           "one_window": page_mod.detectable(metric, var, ref, tau2, extra, self.z_live, cfg, 1)}
         return mde
 
     def add(self, w: Window, ctx: WindowContext) -> None:
@@ -164,6 +251,8 @@ class DriftDetector:
         if joined and len(self.pool) == 1:
             ctx.emit("baseline", "info", f"window {w.window} is the baseline", {"window": w.window}, w.window)
         current = {} if w.partial else self._add_levels(w)
+        if not w.partial and self.poolable(w):
+            self.judged.append(w)
         results: list[drift_mod.DriftResult] = []
         if self.pool_complete and not joined and not w.partial:
             results = self._live(w, current)
@@ -255,4 +344,4 @@ class DriftDetector:
             baseline_window=self.baseline.window if self.baseline is not None else None,
             baseline_external=self.baseline_external, pool=tuple(p.window for p in self.pool),
             drift=dict(self.drift), active=dict(self.drift_active), events=dict(self.drift_events),
-            detectable=dict(self.detectable), stability=self.stability)
+            detectable=dict(self.detectable), checks=dict(self.checks), stability=self.stability)

@@ -19,6 +19,7 @@ from soakd.analysis import changes as changes_mod
 from soakd.analysis import drift as drift_mod
 from soakd.analysis import judged as judged_mod
 from soakd.analysis import leak as leak_mod
+from soakd.analysis import page as page_mod
 from soakd.analysis.detector import (
     AbDetector,
     ClientDetector,
@@ -129,11 +130,11 @@ class Analyzer:
         """``ab``: an A/B run's judge (``soakd.analysis.ab.AbJudge``), in the reference target's analysis:
         the A/B detector over every target's windows (the others come in through ``add_target_window``)."""
         self.cfg = config
-        # the live comparisons' family: metrics x windows x 2 references (changes.live_z), and in an A/B
-        # run also each of the ``candidates`` against the reference (soakd.analysis.ab): one family
+        # the live page's family: metrics x windows x its scan (page.page_z), and in an A/B run also each of
+        # the ``candidates`` against the reference (soakd.analysis.ab): one family
         self.planned_windows = max(1, planned_windows or 48)
         self.candidates = candidates
-        self.z_live = changes_mod.live_z(config.drift, self.planned_windows, 2 + candidates)
+        self.z_live = page_mod.page_z(config.drift, self.planned_windows, 1 + candidates)
         self.on_event = on_event
         self.history = history if history is not None else WindowHistory()
         # the detectors, in the order a window goes through them

@@ -62,7 +62,7 @@ class Judged(_Model):
     partial_windows: int = 0
     requests: int = 0  # measured requests in the judged windows
     requests_measured: int = 0  # in every window, judged or not
-    # metric -> the smallest change one window could show as confident drift (set when the pool completed)
+    # metric -> the smallest change the live page catches within two windows (set when the pool completed)
     detectable: dict[str, float] = Field(default_factory=dict)
 
     def text(self) -> str:
@@ -72,7 +72,7 @@ class Judged(_Model):
                 unit = "pp" if m in ("error_rate", "goodput_ratio") else "%"
                 return f"{v * 100:.1f}{unit}" if v < 10 else f"over 1000{unit} (too few requests per window)"
 
-            out += "; the smallest change one window could show: " + ", ".join(
+            out += "; the smallest change a page catches within two windows: " + ", ".join(
                 f"{m} {pct(m, v)}" for m, v in self.detectable.items())
         return out
 

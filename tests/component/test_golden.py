@@ -71,6 +71,22 @@ added, at 0). The Markdown files render the typed
 model: the verdict's causes (each finding that failed the run, what was judged), findings by section
 with their evidence, runbook and whether they fail the run, and an "Other events" list.
 
+Regenerated for issue 21 (a checked baseline, a sequential live page, p99s tracked), ``analysis.json``
+and ``live-shape.json``. ``analysis.json``: the stored run's pool holds its thermal-throttle windows 2
+and 3 (51-74 requests per window); the pool check leaves e2e_p50's window 2 and ttft_p50's 2 and 3 out
+of their reference (a new ``baseline`` warning event says so); the pool-complete ``baseline`` event and
+every ``detectable`` value (``soakd_drift_detectable_ratio``, ``judged.detectable``) are the page's
+two-window figure now (``within_2_windows``, ``one_window``; was ``one_window``, ``pooled_12_windows``);
+the sequential page flags itl_p50 in window 5 (+111%, the power-cap episode: the throttle finding there
+is critical with that drift as its impact, was a warning) and window 6 (its last two windows against the
+pool: a new ``performance drift`` finding, ``drift/warning`` 1, a reason ``drift: performance drift
+(window 6)``), ``soakd_drift_events_total{itl_p50}`` 0 -> 2; the last window's ``soakd_drift_ratio``
+against the baseline of e2e_p50 and ttft_p50 moved with their references. ``live-shape.json``: by keys
+only, ``e2e_p99`` and ``ttft_p99`` in the four ``metric`` label lists of the drift families and in the
+report verdict's ``stability`` (the shape of the p95s') (edited: a
+regeneration on this busy machine also dropped the report's ``baseline``, the windows being
+client-impaired, which is not this change's). Nothing else moved.
+
 1. ``report-*.{json,md}``: ``soakd report`` of the two runs in ``tests/fixtures/state-v2`` (a
    state dir that release wrote: a finished run with throttling, a power cap and a latency step,
    and a resumable run stopped by SIGTERM), exact modulo the generation time.

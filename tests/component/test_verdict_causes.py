@@ -98,5 +98,5 @@ def test_pass_says_what_was_judged(tmp_path: Path) -> None:
     for name, text in _outputs(report).items():
         if name == "junit":
             continue  # a passing case has no message
-        assert "8 of 8 full windows judged" in text and "the smallest change one window could show" in text, name
+        assert "8 of 8 full windows judged" in text and "the smallest change a page catches within two windows" in text, name
         assert "e2e_p50" in text, name

@@ -63,8 +63,11 @@ def _stationary_results(n: int, seed: int) -> list:
         results += evaluate(w, base, windows[i - 1], DriftConfig())
     assert len(results) == 23 * 2 * len(DEFAULT_METRICS)
     assert {r.status for r in results} <= {"ok", "insufficient", "drift"}
-    # p95 needs >= 110 samples: even a 200-request window is judged, so nearly every result is "ok"
-    assert sum(r.status == "ok" for r in results) > 0.9 * len(results)
+    # p95 needs >= 110 samples: even a 200-request window is judged, so nearly every result is "ok"; the
+    # p99s tracked by default since issue 21 need 563 and are "insufficient" here, never judged
+    judged = [r for r in results if not r.metric.endswith("_p99")]
+    assert sum(r.status == "ok" for r in judged) > 0.9 * len(judged)
+    assert all(r.status != "drift" for r in results if r.metric.endswith("_p99"))
     return results
 
 

@@ -1,0 +1,231 @@
+"""The live page: a checked baseline pool (a change inside it is found before the pool is trusted) and a
+sequential rule over the windows after it (the mean of the last one, two or three windows against the
+pool's reference), with the noise of a window taken from what the run has: the window's own sampling
+and batch-means variance, the slower wander its sub-windows show, and the between-window noise floor.
+
+(derivation: docs/analysis.md#derivation-pagepy)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+
+from scipy import stats as sps
+
+from soakd.analysis.levels import Level
+from soakd.config.analysis import DriftConfig
+from soakd.core.summary import WindowSummary
+from soakd.core.tracked import METRICS
+
+__all__ = [
+    "SCAN",
+    "PoolCheck",
+    "check_pool",
+    "detectable",
+    "long_run_extra",
+    "noise_floor",
+    "page_z",
+    "scan",
+    "with_extra",
+]
+
+SCAN = 3  # the sequential rule's segments: the last 1..SCAN windows
+POOL_Z = 4.0  # a change inside the pool: this many standard errors, and beyond the threshold
+EXCESS_Z = 2.33  # a page: the change beyond the threshold by this many standard errors (one-sided 99%)
+TAU2_BOUND = 0.75  # the between-window noise floor's upper confidence bound in the live rule
+_FAMILY = {"e2e_seconds": "e2e", "ttft_seconds": "ttft", "itl_seconds": "itl"}
+
+
+def page_z(cfg: DriftConfig, planned_windows: int, references: int = 1) -> float:
+    """The run-level significance of a page: two-sided, Bonferroni over metrics x planned windows x the
+    scan's segments (three overlapping ones count as two) x references."""
+    alpha = 1.0 - cfg.confidence
+    family = max(1, len(cfg.metrics)) * max(1, planned_windows) * 2 * max(1, references)
+    return NormalDist().inv_cdf(1.0 - alpha / (2.0 * family))
+
+
+def family_of(metric: str) -> str | None:
+    spec = METRICS[metric]
+    return _FAMILY.get(spec.field or "") if spec.kind == "quantile" else None
+
+
+def long_run_extra(windows: list[WindowSummary], family: str) -> float:
+    """The variance of a window's log-latency level beyond what its one-minute batch means show (they
+    see load that wanders faster than a minute; slower wander moves whole batches together): from the
+    windows' sub-window series, ``(b · Y_b - Y_1) / M`` with ``Y_b`` the pooled within-window variance of
+    ``b``-sub-window batch means (``b`` about a sixth of the window) and ``M`` the sub-windows per window."""
+    ss1 = ss_b = 0.0
+    df1 = df_b = 0
+    ms: list[int] = []
+    b = 0
+    for w in windows:
+        sub = w.subwindows
+        if sub is None:
+            continue
+        vals = getattr(sub, family, None) or []
+        x = [math.log(v) if v is not None and v > 0 else None for v in vals]
+        m = len(x)
+        if m < 10 or any(v is None for v in x):
+            continue
+        b = max(2, round(m / 6))
+        k = m // b
+        xs = [v for v in x if v is not None]
+        mean = sum(xs) / m
+        ss1 += sum((v - mean) ** 2 for v in xs)
+        df1 += m - 1
+        bm = [sum(xs[i * b:(i + 1) * b]) / b for i in range(k)]
+        bmean = sum(bm) / k
+        ss_b += sum((v - bmean) ** 2 for v in bm)
+        df_b += k - 1
+        ms.append(m)
+    if not ms or df1 <= 0 or df_b <= 0:
+        return 0.0
+    m_avg = sum(ms) / len(ms)
+    return max(0.0, (b * ss_b / df_b - ss1 / df1) / m_avg)
+
+
+def with_extra(series: list[Level], extra: float) -> list[Level]:
+    if extra <= 0:
+        return series
+    return [Level(lv.window, lv.y, lv.var + extra, lv.value, lv.n, lv.start_unix) for lv in series]
+
+
+def noise_floor(series: list[Level], moved_from: int | None = None, dropped: frozenset[int] = frozenset(),
+                bound: float = TAU2_BOUND) -> float:
+    """The between-window noise floor beyond every window's own variance (``series``' variances hold
+    the sub-windows' slower wander already): the mean squared successive difference's ``bound`` upper
+    confidence bound (chi-square at its degrees of freedom) less the windows' own variance. Nothing is
+    winsorised (the live rule passes the windows before the segments it tests: a step it is about to
+    page on is not in them, and load that wanders over hours is what the floor is for). The pool check's
+    findings are left out: the windows it dropped, the difference across the change it found."""
+    series = [lv for lv in series if lv.window not in dropped]
+    pairs = [(a, b) for a, b in zip(series, series[1:]) if moved_from is None or not a.window < moved_from <= b.window]
+    if not pairs:
+        return 0.0
+    df = len(pairs)
+    s = sum((b.y - a.y) ** 2 for a, b in pairs) / (2.0 * df)
+    within = sum((a.var + b.var) / 2.0 for a, b in pairs) / df
+    return max(0.0, max(s, within) * df / float(sps.chi2.ppf(1.0 - bound, df)) - within)
+
+
+@dataclass(frozen=True)
+class PoolCheck:
+    """What the pool's windows say of themselves, per metric."""
+
+    reference: tuple[int, ...]  # the windows every comparison is made against
+    moved_from: int | None = None  # a degradation began inside the pool at this window: the reference is before it
+    dropped: tuple[int, ...] = ()  # pool windows worse than the rest (a blip): no reference, not judged live
+    stat: float = 0.0  # the change's size in standard errors
+
+    @property
+    def checked(self) -> bool:
+        return self.moved_from is None and not self.dropped
+
+
+def _worse(metric: str) -> float:
+    return 1.0 if METRICS[metric].higher_is_worse else -1.0
+
+
+def _delta0(metric: str, cfg: DriftConfig) -> float:
+    thr = cfg.threshold_for(metric)
+    return thr if METRICS[metric].absolute else math.log1p(thr)
+
+
+def check_pool(metric: str, pool: list[Level], cfg: DriftConfig, extra: float = 0.0,
+               z: float = POOL_Z, steps: bool = True) -> PoolCheck:
+    """Test the pool before trusting it. A *step*: the pool windows from ``k`` on worse than the mean of
+    those before it by ``z`` standard errors, each of them by more than the threshold -> the reference is
+    the windows before ``k`` (a regression that began inside the pool is a regression). Else a *blip*: a
+    window worse than the median of the others by the threshold and ``z`` standard errors -> dropped. Each window's variance is its own plus
+    ``extra`` (the slower wander its sub-windows show, and at the end of the run the noise floor of the
+    whole run). ``steps``: look for a step too (at the end of the run: live, four windows cannot tell a
+    step from load that wanders over hours; the end of the run can)."""
+    ws = tuple(lv.window for lv in pool)
+    if len(pool) < 2:
+        return PoolCheck(ws)
+    sgn = _worse(metric)
+    d0 = _delta0(metric, cfg)
+    v = [lv.var + extra for lv in pool]
+    y = [sgn * lv.y for lv in pool]  # worse is up
+    best: tuple[float, int] | None = None
+    for k in range(1, len(pool) if steps else 1):
+        ref_y = sum(y[:k]) / k
+        ref_v = sum(v[:k]) / k**2
+        later = len(pool) - k
+        t = (sum(y[k:]) / later - ref_y) / math.sqrt(sum(v[k:]) / later**2 + ref_v)
+        if min(y[k:]) - ref_y > d0 and t > z and (best is None or t > best[0]):
+            best = (t, k)
+    if best is not None:
+        t, k = best
+        return PoolCheck(ws[:k], moved_from=pool[k].window, stat=t)
+    dropped = []
+    worst = 0.0
+    for i in range(len(pool)):
+        others = sorted(y[j] for j in range(len(pool)) if j != i)
+        n = len(others)
+        med = others[n // 2] if n % 2 else (others[n // 2 - 1] + others[n // 2]) / 2.0
+        v_med = math.pi / 2.0 * sum(v[j] for j in range(len(pool)) if j != i) / n**2
+        t = (y[i] - med) / math.sqrt(v[i] + v_med)
+        if y[i] - med > d0 and t > z:
+            dropped.append((t, i))
+            worst = max(worst, t)
+    if dropped and len(pool) - len(dropped) < 2:
+        dropped = [max(dropped)]
+    if len(pool) - len(dropped) < 2:
+        dropped = []
+    gone = {i for _, i in dropped}
+    return PoolCheck(tuple(w for i, w in enumerate(ws) if i not in gone),
+                     dropped=tuple(ws[i] for i in sorted(gone)), stat=worst)
+
+
+@dataclass(frozen=True)
+class Scan:
+    """The sequential rule's answer for one metric at one window."""
+
+    side: int  # +1: worse, -1: better, 0: no page
+    windows: int  # the segment that paged (or 1)
+    d: float  # the segment's mean level less the reference's (analysis scale)
+    se: float
+    d1: float  # the last window alone
+    se1: float
+
+
+def scan(metric: str, post: list[Level], reference: list[Level], tau2: float, extra: float, z: float,
+         cfg: DriftConfig, excess_z: float = EXCESS_Z) -> Scan | None:
+    """The last ``SCAN`` windows of ``post`` (the windows after the reference, the current one last): for
+    each segment of the last ``L`` of them, its mean level against the reference's mean. A page when, for
+    some ``L``, the change lies beyond the threshold by ``excess_z`` standard errors *and* beyond zero by
+    ``z`` (the run-level significance). None without a reference or a window."""
+    if not post or not reference:
+        return None
+    d0 = _delta0(metric, cfg)
+    ref_y = sum(lv.y for lv in reference) / len(reference)
+    ref_v = sum(lv.var + extra + tau2 for lv in reference) / len(reference) ** 2
+    first: tuple[float, float] | None = None
+    hit: tuple[int, int, float, float] | None = None
+    for L in range(1, min(SCAN, len(post)) + 1):
+        part = post[-L:]
+        d = sum(lv.y for lv in part) / L - ref_y
+        var = sum(lv.var + extra + tau2 for lv in part) / L**2 + ref_v
+        se = math.sqrt(var)
+        if first is None:
+            first = (d, se)
+        if hit is None and abs(d) - d0 > excess_z * se and abs(d) > z * se:
+            hit = (1 if d > 0 else -1, L, d, se)
+    assert first is not None
+    if hit is None:
+        return Scan(0, 1, first[0], first[1], first[0], first[1])
+    side, L, d, se = hit
+    return Scan(side, L, d, se, first[0], first[1])
+
+
+def detectable(metric: str, window_var: float, reference: list[Level], tau2: float, extra: float,
+               z: float, cfg: DriftConfig, windows: int = 2, excess_z: float = EXCESS_Z) -> float:
+    """The smallest change a page catches within ``windows`` windows about half the time (the segment of
+    that many windows just reaching both bounds), on the metric's scale (relative, or absolute)."""
+    ref_v = sum(lv.var + extra + tau2 for lv in reference) / len(reference) ** 2
+    se = math.sqrt((window_var + extra + tau2) / windows + ref_v)
+    d = max(_delta0(metric, cfg) + excess_z * se, z * se)
+    return d if METRICS[metric].absolute else math.expm1(d)

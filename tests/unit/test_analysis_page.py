@@ -1,0 +1,160 @@
+"""The checked baseline pool and the sequential live page (``soakd.analysis.page``), on seeded synthetic
+level series and windows: a regression inside the pool is one, a blip in it is left out, a step pages
+within two windows, stationary noise never pages."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from soakd.analysis.changes import judge_run
+from soakd.analysis.levels import Level
+from soakd.analysis.page import check_pool, detectable, long_run_extra, noise_floor, page_z, scan
+from soakd.config.analysis import DriftConfig
+from soakd.core.summary import SubWindows, WindowSummary
+
+VAR = 1.6e-4  # e2e p50's variance at 3,000 requests per window (sigma 0.5)
+
+
+def levels(ys: list[float], var: float = VAR) -> list[Level]:
+    return [Level(i, y, var, math.exp(y), 3000, 1.7e9 + 1800 * i) for i, y in enumerate(ys)]
+
+
+def noisy(rng: random.Random, n: int, step_at: int | None = None, step: float = 0.0, blip_at: int | None = None,
+          blip: float = 0.0, sd: float = math.sqrt(VAR)) -> list[float]:
+    return [rng.gauss(0, sd) + (math.log1p(step) if step_at is not None and i >= step_at else 0.0)
+            + (math.log1p(blip) if i == blip_at else 0.0) for i in range(n)]
+
+
+def test_a_blip_in_the_pool_is_left_out_and_a_calm_pool_is_trusted() -> None:
+    cfg = DriftConfig()
+    for seed in range(20):
+        rng = random.Random(seed)
+        calm = check_pool("e2e_p50", levels(noisy(rng, 4)), cfg)
+        assert calm.checked and calm.reference == (0, 1, 2, 3)
+        blip = check_pool("e2e_p50", levels(noisy(rng, 4, blip_at=2, blip=0.20)), cfg)
+        assert blip.dropped == (2,) and blip.reference == (0, 1, 3)
+    # a faster window is no blip (a warm-up, or the windows before a regression): never dropped
+    fast = check_pool("e2e_p50", levels([0.0, -0.2, 0.0, 0.0]), cfg, steps=False)
+    assert fast.checked
+    # throughputs are worse downwards
+    assert check_pool("requests_per_second", levels([0.0, math.log(0.8), 0.0, 0.0]), cfg).dropped == (1,)
+
+
+def test_a_step_inside_the_pool_moves_the_reference_to_the_windows_before_it() -> None:
+    cfg = DriftConfig()
+    for seed in range(20):
+        rng = random.Random(seed)
+        c = check_pool("e2e_p50", levels(noisy(rng, 4, step_at=1, step=0.10)), cfg)
+        assert c.moved_from == 1 and c.reference == (0,)
+        c = check_pool("e2e_p50", levels(noisy(rng, 4, step_at=2, step=0.10)), cfg)
+        assert c.moved_from == 2 and c.reference == (0, 1)
+    # within the threshold: the pool is trusted as it is
+    assert check_pool("e2e_p50", levels([0.0, 0.04, 0.04, 0.04], var=1e-6), cfg).checked
+
+
+def _windows(ys: list[float], n: int = 3000) -> list[WindowSummary]:
+    out = []
+    for i, y in enumerate(ys):
+        v = math.exp(y)
+        half = 1.96 * math.sqrt(VAR)
+        out.append(WindowSummary.load({
+            "window": i, "start_unix": 1.7e9 + 1800 * i, "duration_seconds": 1800.0, "requests": n,
+            "outcomes": {"ok": n}, "e2e_seconds": {"p50": v, "count": n,
+                                                   "p50_ci": [v * math.exp(-half), v * math.exp(half)]},
+        }))  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("at", [1, 2])
+def test_a_regression_that_begins_inside_the_pool_fails_the_run(at: int) -> None:
+    cfg = DriftConfig(metrics=["e2e_p50"])
+    confident = 0
+    for seed in range(10):
+        rng = random.Random(100 + seed)
+        rd = judge_run(_windows(noisy(rng, 24, step_at=at, step=0.10)), [0, 1, 2, 3], cfg)
+        worse = [c for c in rd.changes if c.direction == "degraded"]  # against the windows before it
+        for c in worse:
+            assert c.window == at and c.ratio == pytest.approx(0.10, abs=0.035), rd.changes
+        confident += any(c.tier == "confident" for c in worse)
+    # with one window of reference (a step at window 1) its noise counts in full: not every run is confident
+    assert confident >= (8 if at == 1 else 9)
+
+
+def test_a_blip_in_the_pool_does_not_hide_a_later_step() -> None:
+    cfg = DriftConfig(metrics=["e2e_p50"])
+    for seed in range(5):
+        rng = random.Random(200 + seed)
+        rd = judge_run(_windows(noisy(rng, 24, step_at=12, step=0.08, blip_at=2, blip=0.20)), [0, 1, 2, 3], cfg)
+        (c,) = [c for c in rd.changes if c.tier == "confident"]
+        assert c.window == 12 and c.direction == "degraded" and c.ratio == pytest.approx(0.08, abs=0.02)
+
+
+def _first_page(ys: list[float], cfg: DriftConfig, var: float = VAR, pool: int = 4) -> int | None:
+    """The live rule over a series: the pool's reference, the scan at each later window."""
+    series = levels(ys, var)
+    z = page_z(cfg, len(ys))
+    ref = series[:pool]
+    for t in range(pool, len(series)):
+        history = series[:t][:max(pool, t - 2)]
+        sc = scan("e2e_p50", series[pool:t + 1], ref, noise_floor(history), 0.0, z, cfg)
+        if sc is not None and sc.side:
+            return t
+    return None
+
+
+def test_a_step_pages_within_two_windows_and_stationary_noise_never_pages() -> None:
+    cfg = DriftConfig()
+    paged = [_first_page(noisy(random.Random(300 + s), 24, step_at=12, step=0.10), cfg) for s in range(40)]
+    # one metric alone (the benchmark pages on any of them): measured 33 of 40
+    assert sum(p is not None and 12 <= p <= 13 for p in paged) >= 30, paged
+    paged = [_first_page(noisy(random.Random(400 + s), 24, step_at=12, step=0.20), cfg) for s in range(40)]
+    assert sum(p == 12 for p in paged) >= 38, paged
+    calm = [_first_page(noisy(random.Random(500 + s), 24), cfg) for s in range(100)]
+    assert sum(p is not None for p in calm) <= 1, calm
+    # below the threshold: a +4% step pages rarely
+    small = [_first_page(noisy(random.Random(600 + s), 24, step_at=12, step=0.04), cfg) for s in range(40)]
+    assert sum(p is not None for p in small) <= 2, small
+
+
+def test_detectable_is_the_change_a_page_catches_about_half_the_time() -> None:
+    cfg = DriftConfig()
+    ref = levels([0.0] * 4)
+    z = page_z(cfg, 24)
+    # the noise floor a ten-window history gives (its 75% bound), on average
+    tau2 = sum(noise_floor(levels(noisy(random.Random(800 + s), 10))) for s in range(200)) / 200
+    two = detectable("e2e_p50", VAR, ref, tau2, 0.0, z, cfg, 2)
+    one = detectable("e2e_p50", VAR, ref, tau2, 0.0, z, cfg, 1)
+    assert 0.05 < two < one < 0.12
+    paged = [_first_page(noisy(random.Random(700 + s), 14, step_at=12, step=two), cfg) for s in range(60)]
+    share = sum(p is not None for p in paged) / len(paged)
+    assert 0.35 <= share <= 0.95, share  # within two windows (a one-window page counts too)
+
+
+def _sub_windows(rng: random.Random, sd_load: float, memory_min: float, minutes: int = 30) -> SubWindows:
+    """Per-minute geometric means of 100 lognormal requests under an AR(1) load (memory in minutes)."""
+    x = rng.gauss(0, sd_load) if sd_load else 0.0
+    out = []
+    for _ in range(minutes):
+        if sd_load:
+            phi = math.exp(-1.0 / memory_min)
+            x = phi * x + math.sqrt(1 - phi * phi) * sd_load * rng.gauss(0, 1)
+        out.append(math.exp(x + rng.gauss(0, 0.5 / math.sqrt(100))))
+    return SubWindows(seconds=60.0, requests=[100] * minutes, ok=[100] * minutes, e2e=out)
+
+
+def test_the_slow_wander_the_sub_windows_show() -> None:
+    rng = random.Random(9)
+
+    def windows(sd: float, memory: float) -> list[WindowSummary]:
+        return [WindowSummary.load({"window": i, "requests": 3000, "subwindows": _sub_windows(rng, sd, memory).model_dump()})
+                for i in range(8)]
+
+    calm = long_run_extra(windows(0.0, 1.0), "e2e")
+    wander = long_run_extra(windows(0.10, 3.0), "e2e")
+    assert calm < 2e-5
+    # a 3-minute memory at sd 10%: a 30-minute mean varies by about 2 * 3 / 30 * 0.01 = 2e-3, of which the
+    # one-minute batches see part; the five-minute ones add most of the rest
+    assert 3e-4 < wander < 2.5e-3, wander
