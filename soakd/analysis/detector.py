@@ -24,7 +24,7 @@ from soakd.analysis import leak as leak_mod
 from soakd.analysis import throttle as throttle_mod
 from soakd.analysis.diagnosis import diagnose
 from soakd.analysis.drift import DriftResult
-from soakd.analysis.freeze import freeze_finding, freeze_threshold, wedge_finding
+from soakd.analysis.freeze import freeze_finding, freeze_threshold, hung_finding, wedge_finding
 from soakd.analysis.gpu_errors import GpuErrors
 from soakd.analysis.kvsat import kv_saturated_finding
 from soakd.analysis.restarts import ServerRestarts
@@ -350,6 +350,13 @@ class FreezeDetector(_Quiet):
             self.wedged_windows.add(ep["window"])
         self.live_episodes.append([ep.get("start_unix"), None])
         return wedge_finding(ep)
+
+    def hung(self, ep: dict[str, Any]) -> Finding:
+        """A live hang: requests in flight, no progress, GET /models timed out (its window's freeze is this)."""
+        if ep.get("window") is not None:
+            self.wedged_windows.add(ep["window"])
+        self.live_episodes.append([ep.get("start_unix"), None])
+        return hung_finding(ep)
 
     def wedge_ended(self, ep: dict[str, Any], seconds: float) -> None:
         for span in self.live_episodes:

@@ -248,6 +248,15 @@ class Analyzer:
         self.freeze.baseline = self.baseline
         self._finding(self.freeze.wedge(ep))
 
+    def add_hung(self, ep: dict[str, Any]) -> None:
+        """A live hang (``soakd.soak.wedge``): requests in flight, no progress, GET /models timed out."""
+        self._finding(self.freeze.hung(ep))
+
+    def hung_ended(self, ep: dict[str, Any], seconds: float) -> None:
+        self.freeze.wedge_ended(ep, seconds)
+        self._event("target", "info", f"target answered again after {seconds:.1f} s hung", {"hung_seconds": seconds,
+                    **ep}, ep.get("window"))
+
     def wedge_ended(self, ep: dict[str, Any], seconds: float) -> None:
         self.freeze.wedge_ended(ep, seconds)
         self._event("freeze", "info", f"engine recovered: generating again after {seconds:.1f} s wedged "

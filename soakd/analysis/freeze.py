@@ -12,7 +12,7 @@ from soakd.core.findings import Finding
 from soakd.config import AnalysisConfig
 from soakd.core.summary import WindowSummary as Window
 
-__all__ = ["freeze_finding", "freeze_threshold", "wedge_finding"]
+__all__ = ["freeze_finding", "freeze_threshold", "hung_finding", "wedge_finding"]
 
 
 def freeze_threshold(cfg: AnalysisConfig, ref: Window | None) -> float:
@@ -31,19 +31,19 @@ def freeze_finding(w: Window, need: float) -> Finding | None:
         return None
     at = (w.start_unix or 0.0) + (c.freeze_start_offset_seconds or 0.0)
     return Finding(kind="freeze", diagnosis="server froze", severity="critical",
-                   message=f"no byte from any of the requests in flight for {span:.1f} s in window {w.window} "
+                   message=f"no token from any of the requests in flight for {span:.1f} s in window {w.window} "
                            f"(from {at:.0f} unix), soakd's loop lag at most {(c.loop_lag_max_seconds or 0) * 1000:.0f} ms",
                    evidence={"freeze_seconds": span, "start_unix": at, "threshold_seconds": need,
                              "loop_lag_max_seconds": c.loop_lag_max_seconds}, window=w.window)  # fmt: skip
 
 
 def wedge_finding(ep: dict[str, Any]) -> Finding:
-    """A live wedge: requests in flight and no byte from any of them (``streams``), or requests running on
+    """A live wedge: requests in flight and no token from any of them (``streams``), or requests running on
     the server and its token counter still (``server_tokens``), while the server answers GET /v1/models."""
     sources = ep.get("sources") or ["streams"]
     seen = []
     if "streams" in sources:
-        seen.append(f"no byte from any of the {ep['in_flight']} requests in flight for {ep['silence_seconds']:.1f} s")
+        seen.append(f"no token from any of the {ep['in_flight']} requests in flight for {ep['silence_seconds']:.1f} s")
     if "server_tokens" in sources:
         seen.append(f"the server's generated-token counter still at {ep['server_generation_tokens_total']:.0f} for "
                     f"{ep['server_tokens_flat_seconds']:.1f} s with {ep['server_requests_running']:.0f} requests "
@@ -60,4 +60,14 @@ def wedge_finding(ep: dict[str, Any]) -> Finding:
     return Finding(kind="freeze", diagnosis=diagnosis, severity="critical",
                    message="; ".join(seen) + f" (threshold {ep['threshold_seconds']:.1f} s) while the server still "
                            f"answers GET /v1/models: {tail}",
+                   evidence=dict(ep), window=ep.get("window"))
+
+
+def hung_finding(ep: dict[str, Any]) -> Finding:
+    """A live hang: requests in flight, no progress from any of them, and GET /models timed out too."""
+    return Finding(kind="target", diagnosis="target hung", severity="critical",
+                   message=f"no progress from any of the {ep['in_flight']} requests in flight for "
+                           f"{ep['silence_seconds']:.1f} s and GET /models did not answer within "
+                           f"{ep['probe_timeout_seconds']:.1f} s: the whole server hangs (stopped, or its front end "
+                           "blocked); soakd_target_up is 0 until it answers",
                    evidence=dict(ep), window=ep.get("window"))

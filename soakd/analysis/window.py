@@ -76,7 +76,8 @@ TAIL = 120.0  # seconds after the window's end that its requests are followed fo
 class ClientStats:
     """soakd's own health in one window (see ``ClientSummary``) and the activity buckets of the
     freeze detector: per 100 ms of the window (and up to 2 minutes after it), whether one of the
-    window's requests was in flight and whether a byte of one arrived (bounded: one byte per bucket)."""
+    window's requests was in flight and whether a token or the end of one arrived (bounded: one per bucket;
+    headers are not progress)."""
 
     __slots__ = ("lag", "heartbeats", "lag_max", "stall", "cpu", "throttled", "periods", "flags", "start",
                  "inflight_delta")
@@ -116,10 +117,7 @@ class ClientStats:
             i = int(t * k + base)
             if 0 <= i <= last:
                 flags[i] = 1
-        if headers_ns:
-            i = int(headers_ns * k + base)
-            if 0 <= i <= last:
-                flags[i] = 1
+        # headers are not progress: a wedged front end sends them to every new stream, and no token after them
 
     def add_lag(self, lag: float, cpu_seconds: float | None = None) -> None:
         lag = max(0.0, lag)
