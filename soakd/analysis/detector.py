@@ -315,6 +315,7 @@ class FreezeDetector(_Quiet):
         self.live_episodes: deque[list[float | None]] = deque(maxlen=100)
         self.kv_saturated_window = False
         self.baseline: Window | None = None
+        self.planned = 48  # the run's windows (the Analyzer's planned_windows): natural silences per run
 
     def threshold(self, w: Window | None, baseline: Window | None = None) -> float:
         """The silence a freeze must outlast, from the baseline (the run's, or the one this detector saw
@@ -325,7 +326,8 @@ class FreezeDetector(_Quiet):
     def add(self, w: Window, ctx: WindowContext) -> None:
         self.baseline = ctx.baseline
         if w.window not in self.wedged_windows:
-            f = freeze_finding(w, self.threshold(w))
+            ref = self.baseline if self.baseline is not None and self.baseline.window != w.window else w
+            f = freeze_finding(w, self.threshold(w), ref, self.planned)
             if f is not None:
                 ctx.findings.append(f)
         kv = self._kv_saturated(w, ctx.baseline)

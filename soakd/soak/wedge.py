@@ -55,6 +55,7 @@ from typing import Any
 
 import structlog
 
+from soakd.analysis.freeze import FALSE_FREEZES
 from soakd.analysis.kvsat import wedge_diagnosis
 from soakd.config.analysis import KvSaturationConfig
 from soakd.core.records import Outcome, RequestRecord
@@ -153,7 +154,7 @@ class WedgeWatch:
         need = self.analyzer.freeze_threshold()
         quiet, flat = self.silence(now), self.counter_flat(now)
         sources = []
-        if quiet is not None and quiet >= need:
+        if quiet is not None and quiet >= need and not self._natural(quiet, now):
             sources.append("streams")
         if flat is not None and flat >= self.counter_threshold(need):
             sources.append("server_tokens")
@@ -191,6 +192,17 @@ class WedgeWatch:
         newest = self.progress_ns()
         since = oldest if newest is None or newest < oldest else newest
         return (now_ns - since) / 1e9
+
+    def _natural(self, quiet: float, now_ns: int) -> bool:
+        """Whether the baseline's inter-token tail makes silences this long, with this many streams silent, more
+        often than ``FALSE_FREEZES`` a run (``soakd.analysis.freeze.natural_silences``: sparse heavy-tailed streams)."""
+        natural = getattr(self.analyzer, "natural_silences", None)
+        if natural is None:
+            return False
+        half = now_ns - int(quiet * 5e8)  # silent through at least half of it: started before its middle
+        n = sum(1 for r in self.recorder.active if r.stream and r.t_start_ns and r.t_start_ns <= half)
+        expected = natural(quiet, n)
+        return expected is not None and expected > FALSE_FREEZES
 
     def _kv_cfg(self) -> KvSaturationConfig:
         cfg = getattr(self.analyzer, "cfg", None)
