@@ -137,3 +137,33 @@ async def test_an_engine_wedge_is_named_whatever_metric_names_the_server_exports
         assert all(f.evidence["sources"] == ["streams"] for f in wedged)
     assert any(r.startswith("freeze: engine wedged") for r in soak.final["verdict"]["reasons"])
     print(f"\n{names}: engine wedged {[(f.window, round(f.evidence['silence_seconds'], 2)) for f in wedged]}")
+
+
+@pytest.mark.timeout(60)
+async def test_the_simulator_presents_each_servers_metric_names_or_none() -> None:
+    """``sim.metric_names``: soakd's server sampler detects each server's table from the simulator's /metrics and
+    reads what that server exports (TGI no token counter, llama.cpp no KV gauge); none answers 404."""
+    from soakd.config import ServerSamplerConfig
+    from soakd.samplers.promtext import ScrapeError
+    from soakd.samplers.server import ServerSampler
+
+    expect = {"vllm": {"kv", "tokens"}, "sglang": {"kv", "tokens"}, "tgi": {"kv"}, "trtllm": {"kv", "tokens"},
+              "llamacpp": {"tokens"}}
+    for kind, signals in expect.items():
+        async with SimServer(SimConfig(**SIM, metric_names=kind)) as sim:
+            sampler = ServerSampler(ServerSamplerConfig(), sim.base_url)
+            try:
+                names = {s.name for s in await sampler.sample()}
+            finally:
+                await sampler.aclose()
+        assert sampler.table is not None and sampler.table.kind == kind
+        assert "soakd_server_requests_running" in names and "soakd_server_requests_waiting" in names
+        assert ("soakd_server_kv_cache_usage_ratio" in names) == ("kv" in signals), (kind, names)
+        assert ("soakd_server_generation_tokens_total" in names) == ("tokens" in signals), (kind, names)
+    async with SimServer(SimConfig(**SIM, metric_names="none")) as sim:
+        sampler = ServerSampler(ServerSamplerConfig(), sim.base_url)
+        try:
+            with pytest.raises(ScrapeError, match="404"):
+                await sampler.sample()
+        finally:
+            await sampler.aclose()
