@@ -315,7 +315,7 @@ class WedgeWatch:
         log.warning("target_hung", silence_seconds=round(ago, 1), in_flight=self.recorder.in_flight,
                     probe_timeout_seconds=self.probe_interval, window=self.hung["window"])
         set_up = getattr(self.recorder, "set_target_up", None)
-        if set_up is not None:
+        if set_up is not None and getattr(self.recorder, "target_up", True):  # not down already (its own count)
             set_up(False)
             clock, windows = getattr(self.recorder, "clock", None), getattr(self.recorder, "windows", None)
             if clock is not None and windows is not None and ago > 0:  # down since the last progress
