@@ -107,6 +107,11 @@ class Cell:
     blip: float = 0.0
     slow_share: float = 0.0  # from step_at (or window 0): this share of requests slow_factor x slower
     slow_factor: float = 1.0
+    # sparse streams (issue 21 item 9): this many token events per request, the intervals between them (the first
+    # from the send) Pareto-tailed with this index and mean interval_s (0: the default, GAPS + 1 events evenly)
+    events: int = 0
+    pareto: float = 0.0
+    interval_s: float = 0.0
 
 
 CELLS: tuple[Cell, ...] = (
@@ -202,6 +207,14 @@ CELLS: tuple[Cell, ...] = (
          step=0.20, expect="page_by", by_window=12, limit=0.95),
     Cell("tail-1pct-8x", "1% of requests 8x slower from window 12 (p99 +60%, p95 +5%)", "FAIL >= 90%",
          step_at=12, slow_share=0.01, slow_factor=8.0, expect="fail_by", by_window=23, limit=0.90),
+    # issue 21 item 9: sparse streams on a heavy-tailed server -- 3 token events per request, the intervals between
+    # them (the first from the send) Pareto with tail index 2.5, a slow server (300 requests per window)
+    Cell("sparse-pareto", "sparse streams: 3 token events per request, Pareto(2.5) intervals (mean 0.5 s), "
+         "300 requests per window", "false freeze <= 1%", events=3, pareto=2.5, interval_s=0.5, requests=300,
+         expect="no_freeze", limit=0.01),
+    Cell("sparse-pareto-3k", "sparse streams: 3 token events per request, Pareto(2.5) intervals (mean 1 s), "
+         "3,000 requests per window", "false freeze <= 1%", events=3, pareto=2.5, interval_s=1.0,
+         expect="no_freeze", limit=0.01),
 )
 
 
@@ -347,13 +360,28 @@ class RunResult:
     page_window: int | None = None  # the first window at which soakd_drift_detected went to 1 (any metric)
 
 
-def _byte_times(cell: Cell, t: float, e2e: float, ttft: float) -> list[float]:
-    """When each token of a request sent at ``t`` arrives (seconds): evenly spaced after the first,
-    moved by the server's freezes (everything after a freeze's start waits for its end) and by
-    soakd's own stalls (bytes that arrive during a stall are read at its end)."""
-    first = t + ttft
-    step = (e2e - ttft) / GAPS
-    times = [first + i * step for i in range(GAPS + 1)]
+def _sparse_times(cell: Cell, t: float, rng: random.Random) -> list[float]:
+    """A sparse stream: ``cell.events`` token events, each Pareto(``cell.pareto``) seconds after the one before (the
+    first after the send), with mean ``cell.interval_s``."""
+    a = cell.pareto
+    scale = cell.interval_s * (a - 1.0) / a  # the Pareto minimum for that mean
+    times, b = [], t
+    for _ in range(cell.events):
+        b += scale * rng.paretovariate(a)
+        times.append(b)
+    return times
+
+
+def _byte_times(cell: Cell, t: float, e2e: float, ttft: float, rng: random.Random | None = None) -> list[float]:
+    """When each token of a request sent at ``t`` arrives (seconds): evenly spaced after the first (or a sparse
+    stream's, ``_sparse_times``), moved by the server's freezes (everything after a freeze's start waits for its
+    end) and by soakd's own stalls (bytes that arrive during a stall are read at its end)."""
+    if cell.events and rng is not None:
+        times = _sparse_times(cell, t, rng)
+    else:
+        first = t + ttft
+        step = (e2e - ttft) / GAPS
+        times = [first + i * step for i in range(GAPS + 1)]
     if cell.freeze_every_s:
         every, dur = cell.freeze_every_s, cell.freeze_s
         k = math.floor(t / every)
@@ -373,7 +401,7 @@ def _record(t: float, times: list[float], window: int) -> RequestRecord:
     r.t_start_ns = int(t * 1e9)
     r.token_times_ns = [int(b * 1e9) for b in times]
     r.t_end_ns = r.token_times_ns[-1]
-    r.completion_tokens = GAPS + 1
+    r.completion_tokens = len(times)
     r.prompt_tokens = 128
     r.usage_from_server = True
     return r
@@ -465,7 +493,7 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
             close(t)
             next_tick = math.floor(t) + 1.0
         w = tl.window_at(t)
-        times = _byte_times(cell, t, e2e, ttft)
+        times = _byte_times(cell, t, e2e, ttft, rng)
         rec = _record(t, times, w)
         windows.started(rec)
         if down is not None and down[0] <= t < down[1]:
@@ -543,6 +571,7 @@ _COUNTS: dict[str, tuple[Any, bool]] = {
     "trend": (lambda r, c: r["trend"], False),
     "periodic": (lambda r, c: r["periodic"], False),
     "freeze": (lambda r, c: r["freeze"], False),
+    "no_freeze": (lambda r, c: r["freeze"], True),
     "inconclusive": (lambda r, c: r["inconclusive"] and not r["failed"], False),
     "ab_pass": (lambda r, c: r["ab_fail"], True),
     "ab_fail": (lambda r, c: r["ab_fail"], False),
@@ -581,6 +610,7 @@ MEASURE = {
     "pass": "false FAIL", "fail_by": "FAIL by window 14", "no_confident": "confident drift", "trend": "trend found",
     "leak_by": "leak finding by hour 8", "periodic": "periodic drops found", "freeze": "freeze finding",
     "inconclusive": "INCONCLUSIVE, not FAIL", "restart": "restart reported, no drift/leak FAIL",
+    "no_freeze": "false freeze",
     "ab_pass": "false ab FAIL", "ab_fail": "ab FAIL", "ab_confident": "confident ab",
     "page_by": "paged in time",
 }

@@ -286,6 +286,8 @@ class Runtime:
                 sys.stderr.flush()
             for t in self.targets:
                 await t.client.close()
+            if self.wedge is not None:
+                await self.wedge.close()
             await self.probe_client.close()
             await self.heartbeat.stop()
             await self.web.stop()
@@ -435,7 +437,7 @@ class Runtime:
 
         job(self._tick, pol.tick_seconds, "tick", pol.tick_seconds * 2)
         if self.wedge is not None:
-            job(self.wedge.check, 1.0, "wedge", 2)
+            job(self.wedge.tick, 1.0, "wedge", 2)  # a check unless one is under way: never queued behind a probe
         job(self.status.summary_line, cfg.log.summary_interval, "summary", cfg.log.summary_interval)
         if self.progress:
             job(self.status.progress_line, 1.0, "progress", 2)

@@ -24,7 +24,7 @@ from soakd.analysis import leak as leak_mod
 from soakd.analysis import throttle as throttle_mod
 from soakd.analysis.diagnosis import diagnose
 from soakd.analysis.drift import DriftResult
-from soakd.analysis.freeze import freeze_finding, freeze_threshold, wedge_finding
+from soakd.analysis.freeze import freeze_finding, freeze_threshold, hung_finding, wedge_finding
 from soakd.analysis.gpu_errors import GpuErrors
 from soakd.analysis.kvsat import kv_saturated_finding
 from soakd.analysis.restarts import ServerRestarts
@@ -304,9 +304,13 @@ class FreezeDetector(_Quiet):
     """The window's longest silence with requests in flight (``soakd.analysis.freeze``), unless a live
     wedge finding of the window already reported it, and its KV-saturated-and-stuck span
     (``soakd.analysis.kvsat``), unless a live wedge episode overlapped the window (one fault, one
-    finding). The live wedges themselves (``soakd.soak.wedge``) come in through ``add_wedge``."""
+    finding). The live wedges themselves (``soakd.soak.wedge``) come in through ``add_wedge``. Partial windows
+    too (a freeze in the run's last, cut-short window is one). Before there is a baseline the threshold comes
+    from the quietest full window so far (``w`` included): a freeze inflates its own window's TTFT p95 (every
+    request waiting through it), so ``w`` alone could set the bar above the very freeze it measured."""
 
     name = "freeze"
+    partial = True
 
     def __init__(self, cfg: AnalysisConfig) -> None:
         self.cfg = cfg
@@ -315,19 +319,30 @@ class FreezeDetector(_Quiet):
         self.live_episodes: deque[list[float | None]] = deque(maxlen=100)
         self.kv_saturated_window = False
         self.baseline: Window | None = None
+        self.planned = 48  # the run's windows (the Analyzer's planned_windows): natural silences per run
+        self.quietest: Window | None = None  # before a baseline: the full window with the lowest threshold
 
     def threshold(self, w: Window | None, baseline: Window | None = None) -> float:
         """The silence a freeze must outlast, from the baseline (the run's, or the one this detector saw
         last), else from ``w``."""
         ref = baseline if baseline is not None else self.baseline
-        return freeze_threshold(self.cfg, ref if ref is not None else w)
+        if ref is not None:
+            return freeze_threshold(self.cfg, ref)
+        own = freeze_threshold(self.cfg, w)
+        return own if self.quietest is None else min(own, freeze_threshold(self.cfg, self.quietest))
 
     def add(self, w: Window, ctx: WindowContext) -> None:
         self.baseline = ctx.baseline
         if w.window not in self.wedged_windows:
-            f = freeze_finding(w, self.threshold(w))
+            ref = self.baseline if self.baseline is not None and self.baseline.window != w.window else w
+            f = freeze_finding(w, self.threshold(w), ref, self.planned)
             if f is not None:
                 ctx.findings.append(f)
+        if not w.partial and (self.quietest is None or freeze_threshold(self.cfg, w) < freeze_threshold(
+                self.cfg, self.quietest)):
+            self.quietest = w
+        if w.partial:
+            return  # its KV span: full windows only, as before
         kv = self._kv_saturated(w, ctx.baseline)
         self.kv_saturated_window = kv is not None
         if kv is not None:
@@ -350,6 +365,13 @@ class FreezeDetector(_Quiet):
             self.wedged_windows.add(ep["window"])
         self.live_episodes.append([ep.get("start_unix"), None])
         return wedge_finding(ep)
+
+    def hung(self, ep: dict[str, Any]) -> Finding:
+        """A live hang: requests in flight, no progress, GET /models timed out (its window's freeze is this)."""
+        if ep.get("window") is not None:
+            self.wedged_windows.add(ep["window"])
+        self.live_episodes.append([ep.get("start_unix"), None])
+        return hung_finding(ep)
 
     def wedge_ended(self, ep: dict[str, Any], seconds: float) -> None:
         for span in self.live_episodes:

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from soakd.analysis import changes as changes_mod
 from soakd.analysis import drift as drift_mod
 from soakd.analysis import judged as judged_mod
+from soakd.analysis import freeze as freeze_mod
 from soakd.analysis import leak as leak_mod
 from soakd.analysis import page as page_mod
 from soakd.analysis.detector import (
@@ -144,6 +145,7 @@ class Analyzer:
         self.gpu = GpuErrorDetector()
         self.diagnosis = DiagnosisDetector(config)
         self.freeze = FreezeDetector(config)
+        self.freeze.planned = self.planned_windows
         self.restarts = RestartDetector()
         self.client = ClientDetector()
         self.ab = AbDetector(ab) if ab is not None else None
@@ -248,6 +250,21 @@ class Analyzer:
         """A live wedge (``soakd.soak.wedge``): requests in flight, no byte, the server answering."""
         self.freeze.baseline = self.baseline
         self._finding(self.freeze.wedge(ep))
+
+    def natural_silences(self, span: float, requests: int) -> float | None:
+        """Silences this long with this many streams silent that the baseline's inter-token tail makes per run
+        (``soakd.analysis.freeze.natural_silences``; None: no reference yet)."""
+        ref = self.baseline if self.baseline is not None else self.history.last
+        return freeze_mod.natural_silences(span, requests, ref, self.planned_windows)
+
+    def add_hung(self, ep: dict[str, Any]) -> None:
+        """A live hang (``soakd.soak.wedge``): requests in flight, no progress, GET /models timed out."""
+        self._finding(self.freeze.hung(ep))
+
+    def hung_ended(self, ep: dict[str, Any], seconds: float) -> None:
+        self.freeze.wedge_ended(ep, seconds)
+        self._event("target", "info", f"target answered again after {seconds:.1f} s hung", {"hung_seconds": seconds,
+                    **ep}, ep.get("window"))
 
     def wedge_ended(self, ep: dict[str, Any], seconds: float) -> None:
         self.freeze.wedge_ended(ep, seconds)

@@ -76,10 +76,11 @@ TAIL = 120.0  # seconds after the window's end that its requests are followed fo
 class ClientStats:
     """soakd's own health in one window (see ``ClientSummary``) and the activity buckets of the
     freeze detector: per 100 ms of the window (and up to 2 minutes after it), whether one of the
-    window's requests was in flight and whether a byte of one arrived (bounded: one byte per bucket)."""
+    window's requests was in flight and whether a token or the end of one arrived (bounded: one per bucket;
+    headers are not progress)."""
 
     __slots__ = ("lag", "heartbeats", "lag_max", "stall", "cpu", "throttled", "periods", "flags", "start",
-                 "inflight_delta")
+                 "inflight_delta", "starts")
 
     def __init__(self, start: float, seconds: float) -> None:
         self.lag = new_sketch()
@@ -95,6 +96,7 @@ class ClientStats:
         n = max(1, math.ceil((seconds + min(seconds, TAIL)) / BUCKET))
         self.flags = bytearray(n)  # bit 0: a byte arrived in the bucket
         self.inflight_delta = [0] * (n + 1)  # +1 where a request starts, -1 where it ends
+        self.starts = [0] * (n + 1)  # requests that start in the bucket (the freeze's silent requests)
 
     def add_request(self, t_start: float, t_end: float, byte_times: list[float]) -> None:
         """A request in flight from ``t_start`` to ``t_end`` (window clock), bytes at ``byte_times``."""
@@ -109,6 +111,7 @@ class ClientStats:
         a = min(last, max(0, int(t0_ns * k + base)))
         b = min(last, max(0, int(t_end_ns * k + base)))
         self.inflight_delta[a] += 1
+        self.starts[a] += 1
         self.inflight_delta[b + 1] -= 1
         flags = self.flags
         flags[b] = 1  # the end of the body
@@ -116,10 +119,7 @@ class ClientStats:
             i = int(t * k + base)
             if 0 <= i <= last:
                 flags[i] = 1
-        if headers_ns:
-            i = int(headers_ns * k + base)
-            if 0 <= i <= last:
-                flags[i] = 1
+        # headers are not progress: a wedged front end sends them to every new stream, and no token after them
 
     def add_lag(self, lag: float, cpu_seconds: float | None = None) -> None:
         lag = max(0.0, lag)
@@ -153,6 +153,11 @@ class ClientStats:
             return None
         return best * BUCKET, best_at * BUCKET
 
+    def silent_requests(self, at: int, n: int) -> int:
+        """The requests silent through a silence of ``n`` buckets from bucket ``at``: those in flight at its start
+        (no byte, no end, so silent throughout) and those that started in its first half (silent at least half)."""
+        return sum(self.inflight_delta[: at + 1]) + sum(self.starts[at + 1: at + n // 2 + 1])
+
     def summary(self, wall: float, cfg: ClientConfig | None) -> ClientSummary:
         out = ClientSummary(heartbeats=self.heartbeats, stall_seconds=self.stall, cpu_seconds=self.cpu,
                             cgroup_throttled_seconds=self.throttled, cgroup_throttled_periods=self.periods)
@@ -165,6 +170,7 @@ class ClientStats:
         fr = self.freeze()
         if fr is not None:
             out.freeze_max_seconds, out.freeze_start_offset_seconds = fr
+            out.freeze_requests = self.silent_requests(round(fr[1] / BUCKET), round(fr[0] / BUCKET))
         cfg = cfg or ClientConfig()
         why = []
         if wall > 0 and self.stall > cfg.max_stall_share * wall:

@@ -336,6 +336,15 @@ class ClientConfig(_Model):
         description="A span this long (and at least 3x the baseline's TTFT p95) with requests in flight and no "
         "byte received from any of them, while soakd's loop was punctual, is a server freeze.",
     )
+    probe_interval: Duration = Field(
+        5.0,
+        gt=0,
+        description="While soakd's streams in flight are silent (half this, or freeze_min), GET /models is probed "
+        "on a connection of its own, at most one probe in flight, each within this timeout and at most one "
+        "answered probe per interval: an answer with the silence past the freeze threshold is 'engine wedged'; "
+        "a timeout with requests in flight and no progress during it is 'target hung' (soakd_target_up 0 until "
+        "it answers).",
+    )
 
 
 class VerdictConfig(_Model):

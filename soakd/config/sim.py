@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import (
     BaseModel,
     ByteSize,
@@ -463,6 +465,12 @@ class SimConfig(BaseModel):
         description="The simulated GPU(s): memory, power, temperature, clocks (see /dcgm/metrics).",
     )
     faults: SimFaults = Field(default_factory=SimFaults, description="Injected faults.")
+    metric_names: Literal["vllm", "sglang", "tgi", "trtllm", "llamacpp", "none"] = Field(
+        "vllm",
+        description="Whose metric names /metrics uses: vLLM's (the default), SGLang's, TGI's, trtllm-serve's or "
+        "llama.cpp's (the signals that server exports, under its names: soakd.sim.names), or none (/metrics "
+        "answers 404, as a server without metrics).",
+    )
 
     @model_validator(mode="after")
     def _check_lengths(self) -> SimConfig:

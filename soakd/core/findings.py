@@ -157,6 +157,12 @@ DIAGNOSES: dict[str, Diagnosis] = {d.name: d for d in (
        "requests in flight and not a byte from any of them for seconds, while soakd's own loop was punctual",
        "the server's logs and stack (py-spy dump), GPU hangs (Xid), a scheduler deadlock, a stuck collective",
        ("freeze_seconds", "threshold_seconds", "loop_lag_max_seconds")),
+    _d("target hung", "target", "critical", "engine", "soakdtargetdown",
+       "requests in flight, not a token or an answer from any of them, and GET /models timing out too: the whole "
+       "server stopped answering (a stopped process, a blocked front end, a frozen node), not only its engine",
+       "the server process's state (ps: T = stopped; py-spy dump of the API server), the node (kubectl describe "
+       "node, dmesg: hung tasks, OOM), a debugger or checkpoint that paused it; soakd_target_up is 0 until it answers",
+       ("silence_seconds", "in_flight", "probe_timeout_seconds", "start_unix")),
     _d("target restarted", "target", "critical", "engine", "soakdserverrestarted",
        "an error burst while the target was down, or a new server process (its start time, counters that went down)",
        "server logs and exit codes, OOM kills, liveness-probe restarts",

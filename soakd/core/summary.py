@@ -205,6 +205,7 @@ class ClientSummary(_Part):
     cgroup_throttled_periods: int | None = None
     freeze_max_seconds: float | None = None
     freeze_start_offset_seconds: float | None = None  # where the longest freeze began, into the window
+    freeze_requests: int | None = None  # the requests silent through it (in flight at its start) or half of it
     impaired: bool = False
     impaired_reason: str | None = None
 

@@ -18,6 +18,7 @@ _FLAG_FIELDS: dict[str, tuple[str | None, str]] = {
     "tpot": (None, "tpot_base"),
     "jitter": (None, "jitter"),
     "max_batch": (None, "max_batch"),
+    "metric_names": (None, "metric_names"),
     "latency_drift_pct_per_hour": ("faults", "latency_drift_pct_per_hour"),
     "latency_step_at": ("faults", "latency_step_at"),
     "latency_step_pct": ("faults", "latency_step_pct"),
@@ -66,6 +67,8 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tpot", default=None, help="time per output token at batch 1, e.g. 5ms")
     g.add_argument("--jitter", type=float, default=None, help="relative latency noise, e.g. 0.1")
     g.add_argument("--max-batch", type=int, default=None, help="running slots before queueing")
+    g.add_argument("--metric-names", default=None, choices=("vllm", "sglang", "tgi", "trtllm", "llamacpp", "none"),
+                   help="whose metric names /metrics uses (default vllm; none: /metrics answers 404)")
     g.add_argument(
         "--latency-drift-pct-per-hour", type=float, default=None, help="latency growth in %%/hour"
     )

@@ -195,6 +195,8 @@ async def list_models(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     st = request.app[SIM_STATE]
+    if st.config.metric_names == "none":  # a server without metrics
+        raise web.HTTPNotFound()
     return web.Response(
         body=generate_latest(st.registry), headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4}
     )

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from soakd.config.sim import SimConfig
 from soakd.sim.collector import SimCollector
+from soakd.sim.names import NamedCollector
 from soakd.sim.device import SimDevice
 from soakd.sim.model import SimModel
 
@@ -56,7 +57,10 @@ class SimState:
         self.device = device or SimDevice(config, lambda: self.model, clock=clock or time.monotonic)
         self.model.device = self.device
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(SimCollector(lambda: self.model, config.model))
+        if config.metric_names == "vllm":
+            self.registry.register(SimCollector(lambda: self.model, config.model))
+        elif config.metric_names != "none":  # another server's names (soakd.sim.names)
+            self.registry.register(NamedCollector(lambda: self.model, config.model, config.metric_names))
         self.recent: deque[RecentEntry] = (
             recent if recent is not None else deque(maxlen=RECENT_MAXLEN)
         )

@@ -53,6 +53,7 @@ EXAMPLES: dict[str, tuple[dict[str, Any], str]] = {
     "KV cache saturated": ({"server_kv_cache_usage_ratio": 0.9931, "server_requests_running": 31}, "0.9931"),
     "server froze": ({"freeze_seconds": 14.75, "threshold_seconds": 1.5}, "14.75"),
     "target restarted": ({"target_down_seconds": 21.0, "restarts": 1}, "target_down_seconds 21"),
+    "target hung": ({"silence_seconds": 14.8, "in_flight": 16, "probe_timeout_seconds": 5.0}, "silence_seconds 14.8"),
     "overload": ({"timeout_share": 0.0712, "timeouts": 71, "requests": 1000}, "0.0712"),
     "garbled output": ({"invalid_share": 0.0033, "invalid_responses": 3}, "0.0033"),
     "output changed": ({"digest": "feedface01", "reference": "ab12ab12"}, "feedface01"),

@@ -1,16 +1,18 @@
 """The live engine-wedge watch (soakd.soak.wedge) on injected time: requests in flight and silent past
 the freeze threshold while GET /models answers is a wedge, and so is a server whose generated-token counter
 stands still while it runs requests; an idle server, a server that does not answer, a late check of soakd's
-own, bytes or tokens that keep coming, or a restart are not."""
+own, bytes or tokens that keep coming, or a restart are not. GET /models that times out with requests in flight
+and none progressing is 'target hung' (soakd_target_up 0 until it answers), one probe in flight at most."""
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 from typing import Any
 
 from soakd.analysis.engine import Analyzer
 from soakd.config import AnalysisConfig
-from soakd.core.records import RequestRecord
+from soakd.core.records import Outcome, RequestRecord
 from soakd.core.series import series
 from soakd.metrics import Gauge
 from soakd.metrics import BY_NAME
@@ -276,3 +278,184 @@ async def test_a_wedge_with_room_in_the_kv_cache_stays_engine_wedged() -> None:
     (f,) = analyzer.findings
     assert f.diagnosis == "engine wedged" and f.evidence["server_kv_cache_usage_ratio"] == 0.6
     assert gauge.value == 1.0 and kv_gauge.value == 0.0
+
+
+# ---- target hung: GET /models times out with requests in flight and none of them progressing
+
+
+class MonoClock:
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+
+    def monotonic(self) -> float:
+        return self.clock.ns / S
+
+
+class OutageRecorder(Recorder):
+    """The recorder's side of an outage: soakd_target_up and the down time put into the windows."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__()
+        self.clock = MonoClock(clock)
+        self.up = True
+        self.changes: list[tuple[float, bool]] = []
+        self.down: list[tuple[float, float]] = []
+        self.windows = SimpleNamespace(add_interval=lambda a, b, key: self.down.append((a, b)))
+        self._down_since: float | None = None
+
+    def set_target_up(self, up: bool) -> None:  # as soakd.soak.recorder.Recorder.set_target_up
+        if up != self.up:
+            self.up = up
+            now = self.clock.monotonic()
+            self.changes.append((now, up))
+            if not up:
+                self._down_since = now
+            elif self._down_since is not None:
+                self.down.append((self._down_since, now))
+
+
+def _hung_watch(interval: float = 2.0) -> tuple[WedgeWatch, Clock, OutageRecorder, Analyzer, dict[str, Any],
+                                                list[int]]:
+    """A watch whose GET /models either answers at once or hangs until its timeout (the clock moves on by it)."""
+    clock = Clock()
+    recorder = OutageRecorder(clock)
+    analyzer = Analyzer(AnalysisConfig(client={"freeze_min": 10.0, "probe_interval": interval}))
+    server = {"hangs": True, "during": None}
+    probes: list[int] = []
+
+    async def probe() -> Any:
+        probes.append(clock.ns)
+        if server["during"] is not None:
+            server["during"]()
+        if server["hangs"]:
+            clock.ns += int(interval * S)  # waited the whole timeout
+            raise TimeoutError
+        return ["model"]
+
+    w = WedgeWatch(recorder, probe, analyzer, Gauge(BY_NAME["soakd_engine_wedged"]), now_ns=clock,
+                   wall=lambda: clock.ns / S, window_at=lambda ago: 5)
+    return w, clock, recorder, analyzer, server, probes
+
+
+async def test_a_probe_that_times_out_with_requests_in_flight_is_target_hung_until_it_answers() -> None:
+    """The server stops (SIGSTOP) right after a token: 1 s later (half the 2 s probe interval, the freeze
+    threshold being 10 s) GET /models is probed and times out 2 s on, no request having progressed: 'target hung'
+    (kind target, critical) within 2 probe intervals of the stop, soakd_target_up 0, probed again at each check,
+    one finding; when a probe answers, up again, the down time counted from the last token to the answer."""
+    w, clock, rec, analyzer, server, probes = _hung_watch()
+    stop = clock.ns
+    rec.active.add(_rec(stop - S, [stop]))
+    await _tick(w, clock, 0.5)
+    assert probes == [] and rec.up  # 0.5 s of silence: nothing yet
+    await _tick(w, clock, 0.5)  # 1 s: probed; it times out at 3 s
+    assert len(probes) == 1 and not rec.up
+    (f,) = analyzer.findings
+    assert f.kind == "target" and f.diagnosis == "target hung" and f.severity == "critical" and f.window == 5
+    assert f.evidence["probe_timeout_seconds"] == 2.0 and f.evidence["in_flight"] == 1
+    assert f.evidence["silence_seconds"] == 3.0 and (clock.ns - stop) / S <= 2 * w.probe_interval
+    assert rec.down == [(stop / S, clock.ns / S)]  # from the last token to the moment it was named
+    assert 5 in analyzer.freeze.wedged_windows  # the window's own freeze of the same span: not a second finding
+    rec.active.add(_rec(clock.ns))  # more requests go in: still hung
+    for _ in range(3):
+        await _tick(w, clock)
+    assert len(probes) == 4 and not rec.up and len(analyzer.findings) == 1 and w.hangs == 1
+    server["hangs"] = False  # SIGCONT: the next probe answers
+    await _tick(w, clock)
+    assert rec.up and w.hung is None and len(probes) == 5
+    assert rec.changes == [(stop / S + 3.0, False), (clock.ns / S, True)]
+    assert sum(b - a for a, b in rec.down) == (clock.ns - stop) / S  # down from the last token to the answer
+    assert analyzer.verdict().result != "FAIL"  # kind target is not in the default fail_on: down time, a finding
+
+
+async def test_a_hang_ends_with_the_first_token_and_a_target_that_progressed_or_was_idle_did_not_hang() -> None:
+    # ends with a token (the recorder's requests answering before the next probe does)
+    w, clock, rec, analyzer, server, probes = _hung_watch()
+    r = _rec(clock.ns, [clock.ns])
+    rec.active.add(r)
+    await _tick(w, clock)
+    assert w.hung is not None and not rec.up
+    r.token_times_ns.append(clock.ns + 1)
+    await _tick(w, clock, 0.1)
+    assert w.hung is None and rec.up and len(probes) == 1
+    # idle: nothing in flight, however long: no probe, no hang
+    w, clock, rec, analyzer, server, probes = _hung_watch()
+    for _ in range(10):
+        await _tick(w, clock)
+    assert probes == [] and not analyzer.findings and rec.up
+    # a probe that times out while a token arrives: a slow front end, the target progresses: not hung
+    w, clock, rec, analyzer, server, probes = _hung_watch()
+    r = _rec(clock.ns, [clock.ns])
+    rec.active.add(r)
+    server["during"] = lambda: r.token_times_ns.append(clock.ns + S)
+    await _tick(w, clock)
+    assert len(probes) == 1 and w.hung is None and rec.up and not analyzer.findings
+    # a probe that times out with only a request that finished during it (progress, nothing streamed in flight)
+    w, clock, rec, analyzer, server, probes = _hung_watch()
+    done = _rec(clock.ns - S, [clock.ns])
+    done.outcome, done.t_end_ns = Outcome.OK, clock.ns + S
+    rec.active.add(_rec(clock.ns))
+    server["during"] = lambda: w.on_finished(done)
+    await _tick(w, clock)
+    assert len(probes) == 1 and w.hung is None and not analyzer.findings
+    # a refused connection: the recorder's outage (its connects fail), not a hang
+    w, clock, rec, analyzer, server, probes = _hung_watch()
+    rec.active.add(_rec(clock.ns, [clock.ns]))
+
+    async def refused() -> Any:
+        probes.append(clock.ns)
+        raise ConnectionRefusedError
+
+    w.probe = refused
+    for _ in range(3):
+        await _tick(w, clock)
+    assert len(probes) == 3 and w.hung is None and not analyzer.findings and rec.up
+
+
+async def test_at_most_one_probe_is_in_flight_and_the_scheduled_tick_never_waits_for_it() -> None:
+    """GET /models that does not return (yet): the scheduler's second-by-second ``tick`` starts a check only when
+    the last one is done, so one probe is in flight however many ticks come (no max_instances skips), and each
+    tick returns at once."""
+    clock, recorder = Clock(), Recorder()
+    analyzer = Analyzer(AnalysisConfig(client={"freeze_min": 2.0, "probe_interval": 600.0}))
+    release = asyncio.Event()
+    probes: list[int] = []
+
+    async def probe() -> Any:
+        probes.append(clock.ns)
+        await release.wait()
+        return ["model"]
+
+    gauge = Gauge(BY_NAME["soakd_engine_wedged"])
+    w = WedgeWatch(recorder, probe, analyzer, gauge, now_ns=clock, wall=lambda: clock.ns / S, window_at=lambda ago: 1)
+    recorder.active.add(_rec(clock.ns, [clock.ns]))
+    for _ in range(8):
+        clock.ns += S
+        await asyncio.wait_for(w.tick(), timeout=1.0)  # never blocked by the pending probe
+        for _ in range(5):
+            await asyncio.sleep(0)
+    assert len(probes) == 1 and w._probing and w.probes == 1
+    release.set()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not w._probing and gauge.value == 1.0  # it answered, silent 3 s past the threshold: wedged
+    clock.ns += S
+    await w.tick()
+    await w.close()
+    assert len(probes) == 1 and len(analyzer.findings) == 1
+
+
+async def test_headers_without_tokens_are_a_wedge_whatever_arrives() -> None:
+    """A wedged front end answers every new stream with its headers and sends no token (what vLLM and SGLang do):
+    new requests keep starting and getting headers every half second; no token for 2 s is a wedge all the same."""
+    w, clock, rec, analyzer, gauge, probes = _watch()
+    last = clock.ns
+    rec.active.add(_rec(last - S, [last]))
+    for i in range(6):
+        clock.ns += S // 2
+        r = _rec(clock.ns)
+        r.t_headers_ns = clock.ns + 1
+        rec.active.add(r)
+        await w.check()
+    (f,) = analyzer.findings
+    assert f.diagnosis == "engine wedged" and f.evidence["sources"] == ["streams"]
+    assert f.evidence["silence_seconds"] == 2.0 and f.evidence["in_flight"] == 5  # at the threshold, 4 new streams
