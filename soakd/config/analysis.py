@@ -311,30 +311,51 @@ class QuiesceConfig(_Model):
 
 
 class ClientConfig(_Model):
-    """When soakd itself was too stalled to measure (``analysis.client``): client-impaired windows."""
+    """When soakd itself was too stalled to measure (``analysis.client``): its own stalls are charged per
+    request (a request that overlapped a loop lag beyond ``request_max_lag`` is impaired: counted, left
+    out of the latency statistics); a window is client-impaired (shown, not judged) only when too much
+    of it was."""
 
-    max_stall_share: float = Field(
-        0.005,
+    max_stall_share: float | None = Field(
+        None,
         ge=0,
         le=1,
-        description="A window in which soakd's event loop lagged (heartbeat lags beyond 20 ms, summed) for more "
-        "than this share of its time is client-impaired: shown, never judged.",
+        description="Optional window rule: a window in which soakd's event loop lagged (heartbeat lags beyond 20 ms, "
+        "summed) for more than this share of its time is client-impaired: shown, never judged. null (default): "
+        "no such rule; stalls are charged to the requests they overlap (request_max_lag).",
     )
-    max_lag: Duration = Field(
-        0.25, gt=0, description="A single heartbeat lag this long makes the window client-impaired too."
+    max_lag: Duration | None = Field(
+        None, gt=0, description="Optional window rule: a single heartbeat lag this long makes the window client-impaired "
+        "too. null (default): a long lag impairs the requests it overlaps, not the window."
     )
-    max_throttled_share: float = Field(
-        0.01,
+    max_throttled_share: float | None = Field(
+        None,
         ge=0,
         le=1,
-        description="CFS throttling of soakd's own cgroup (cpu.stat) for more than this share of the window makes "
-        "it client-impaired (a CPU limit, e.g. from a LimitRange the manifests do not set).",
+        description="Optional window rule: CFS throttling of soakd's own cgroup (cpu.stat) for more than this share of "
+        "the window makes it client-impaired. null (default): throttling is recorded and shown; the loop lags it "
+        "causes impair the requests they overlap.",
     )
     freeze_min: Duration = Field(
         5.0,
         gt=0,
         description="A span this long (and at least 3x the baseline's TTFT p95) with requests in flight and no "
         "byte received from any of them, while soakd's loop was punctual, is a server freeze.",
+    )
+    request_max_lag: Duration = Field(
+        0.1,
+        gt=0,
+        description="A heartbeat lag of soakd's event loop this long that overlaps a request (from its send to its "
+        "end) makes the request impaired: counted (soakd_requests_impaired_total, the window's client summary), "
+        "left out of the latency statistics; the window is judged on the rest.",
+    )
+    max_impaired_share: float = Field(
+        0.2,
+        ge=0,
+        le=1,
+        description="A window with more than this share of its requests impaired, or with soakd's loop stalled beyond "
+        "request_max_lag for more than this share of its time (soakd stopped, e.g. SIGSTOP), is client-impaired: "
+        "shown, not judged on latency (throttling, leaks and errors are still judged).",
     )
 
 
