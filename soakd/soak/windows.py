@@ -258,6 +258,8 @@ class WindowSet:
         self.check_gap(now)
         if final:
             self._release(None)
+        elif self.heartbeat_period is not None:  # a heartbeat that stopped beating holds nothing for long
+            self._release(now - max(1.0, 10 * self.heartbeat_period))
         self.ended = final
         tl = self.timeline
         upto = tl.window_at(min(now, tl.end - 1e-9))

@@ -174,3 +174,21 @@ def test_a_close_right_after_soakd_was_stopped_charges_the_silence_it_sees() -> 
     _beats(ws, 171.5, 231.0)
     (w1,) = ws.close_due(231.0)
     assert abs(w1.client.request_stall_seconds - 1.0) < 1e-6
+
+
+def test_a_request_waits_for_the_heartbeat_but_never_for_long() -> None:
+    """With the runtime's heartbeat (period 10 ms) a finished request waits for the next beat; should the
+    heartbeat stop beating, a close still settles what ended more than a second ago (the silence charged)."""
+    clock = ManualClock(100.0)
+    ws = WindowSet(Timeline(100.0, 10.0, 60.0, 250.0), patience=5.0, clock=clock, heartbeat_period=0.01)
+    ws.add_lag(120.0, 0.001)
+    r = _record(0, 121.0)
+    clock.now = 121.0
+    ws.started(r)
+    ws.finished(r, [0.01])
+    assert ws.pending == 1
+    assert ws.close_due(121.5) == [] and ws.pending == 1  # half a second: still waiting for a beat
+    ws.close_due(122.5)
+    assert ws.pending == 0  # the heartbeat is silent: settled, as impaired (the silence overlapped it)
+    (w,) = ws.close_due(171.0)
+    assert w.requests == 1 and w.client.requests_impaired == 1 and w.e2e_seconds.count == 0
