@@ -168,8 +168,10 @@ class ClientStats:
             return None
         return best * BUCKET, best_at * BUCKET
 
-    def summary(self, wall: float, cfg: ClientConfig | None, requests: int = 0) -> ClientSummary:
-        """``requests``: the window's requests (the impaired share's denominator)."""
+    def summary(self, wall: float, cfg: ClientConfig | None, requests: int = 0,
+                lag_bound: float | None = None) -> ClientSummary:
+        """``requests``: the window's requests (the impaired share's denominator); ``lag_bound``: the stall
+        bound in force (default ``cfg.request_max_lag``)."""
         out = ClientSummary(heartbeats=self.heartbeats, stall_seconds=self.stall, cpu_seconds=self.cpu,
                             cgroup_throttled_seconds=self.throttled, cgroup_throttled_periods=self.periods,
                             requests_impaired=self.impaired_requests, request_stall_seconds=self.request_stall,
@@ -185,7 +187,7 @@ class ClientStats:
         if fr is not None:
             out.freeze_max_seconds, out.freeze_start_offset_seconds = fr
         cfg = cfg or ClientConfig()
-        bound = f"{cfg.request_max_lag * 1000:.0f} ms"
+        bound = f"{(lag_bound or cfg.request_max_lag) * 1000:.0f} ms"
         why = []
         share = cfg.max_impaired_share
         if requests and self.impaired_requests > share * requests:
@@ -348,7 +350,8 @@ class OpenWindow:
 
     # ---- the summary
     def summary(self, actual_end: float | None = None, partial: bool = False, confidence: float = 0.95,
-                segment: int = 0, revision: int = 0, client_cfg: ClientConfig | None = None) -> WindowSummary:
+                segment: int = 0, revision: int = 0, client_cfg: ClientConfig | None = None,
+                lag_bound: float | None = None) -> WindowSummary:
         end = actual_end if actual_end is not None else self.end
         wall = max(1e-9, end - self.start)
         dur = max(1e-9, wall - min(self.paused_seconds, wall * 0.999))
@@ -409,7 +412,7 @@ class OpenWindow:
             late_records=self.late_records,
             revision=revision,
             subwindows=self.sub.summary(self.sub_seconds),
-            client=self.client.summary(wall, client_cfg, total),
+            client=self.client.summary(wall, client_cfg, total, lag_bound),
             scenarios=per,
             goodput=Goodput(requests=slo_n, met=slo_met) if slo_n else None,
             quiesce=self.quiesce,

@@ -349,6 +349,13 @@ class ClientConfig(_Model):
         "end) makes the request impaired: counted (soakd_requests_impaired_total, the window's client summary), "
         "left out of the latency statistics; the window is judged on the rest.",
     )
+    request_lag_relative: float = Field(
+        3.0,
+        ge=0,
+        description="...and this many times the run's own p99 heartbeat lag so far: a lag that recurs all run long "
+        "(soakd sharing a busy core, a CPU limit throttling it every period) moves every window alike and is no "
+        "stall; only one beyond what the run usually sees impairs the requests it overlaps. 0: request_max_lag alone.",
+    )
     max_impaired_share: float = Field(
         0.2,
         ge=0,

@@ -14,9 +14,11 @@ soakd's own stalls (the heartbeat's lags, ``add_lag``) are charged to the time t
 lag is the interval ``[t - lag, t]``, split over the windows it overlaps (a SIGSTOP of soakd is a gap
 in the heartbeat's ticks, charged to the window it happened in, not to the next). A request is
 settled once the heartbeat has beaten after its end (until then it waits, counted in flight, in a
-small heap): if it overlapped a lag beyond ``analysis.client.request_max_lag`` it is impaired:
-counted, its latency left out of the window's statistics (``OpenWindow.add``). Without a heartbeat
-(simulations, tests on a manual clock) a request settles at once.
+small heap): if it overlapped a lag beyond the bound it is impaired: counted, its latency left out of
+the window's statistics (``OpenWindow.add``). The bound is ``analysis.client.request_max_lag``, or
+``request_lag_relative`` times the run's own p99 heartbeat lag when that is more (a lag that recurs all
+run long moves every window alike). Without a heartbeat (simulations, tests on a manual clock) a
+request settles at once.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import itertools
 from collections import deque
 from collections.abc import Callable
 
+from soakd.analysis.sketch import new_sketch, quantile
 from soakd.analysis.window import STALL_LAG, OpenWindow
 from soakd.config.analysis import ClientConfig
 from soakd.core.records import RequestRecord
@@ -53,6 +56,9 @@ class WindowSet:
         self.ended = False  # the final close happened: no window opens or closes after it
         cc = client or ClientConfig()
         self.request_max_lag = cc.request_max_lag
+        self.lag_relative = cc.request_lag_relative
+        self.lag_bound = cc.request_max_lag  # the bound now: request_max_lag, or more on a run that always lags
+        self._lags = new_sketch()  # every heartbeat lag of the run (its p99 raises the bound)
         # the heartbeat's period when the runtime's 10 ms heartbeat feeds add_lag: a silence of it longer
         # than this and the request bound, seen at a close, is a stall in progress (None: no such check)
         self.heartbeat_period = heartbeat_period
@@ -171,6 +177,10 @@ class WindowSet:
         self._charge(t - lag, t, lag)
         self.last_beat = t if self.last_beat is None else max(self.last_beat, t)
         self._release(t)
+        lags = self._lags
+        lags.add(lag)
+        if self.lag_relative > 0 and lags.count % 100 == 0:  # the bound follows the run's usual lag
+            self.lag_bound = max(self.request_max_lag, self.lag_relative * (quantile(lags, 0.99) or 0.0))
 
     def _charge(self, start: float, end: float, lag: float) -> None:
         """A loop lag of ``lag`` covering ``[start, end]``: its part not charged yet, to the windows it
@@ -179,7 +189,7 @@ class WindowSet:
         if end <= start:
             return
         self._covered = end
-        long = lag >= self.request_max_lag
+        long = lag >= self.lag_bound
         if long:
             self.stalls.append((start, end))
         if lag <= STALL_LAG and not long:
@@ -204,7 +214,7 @@ class WindowSet:
         if self.heartbeat_period is None or self.last_beat is None:
             return
         gap = now - self.last_beat - self.heartbeat_period
-        if gap >= self.request_max_lag:
+        if gap >= self.lag_bound:
             self._charge(now - gap, now, gap)
 
     def add_throttling(self, t: float, seconds: float, periods: int) -> None:
@@ -246,7 +256,7 @@ class WindowSet:
         w.revision += 1
         end, partial = w.closed_as
         return w.summary(actual_end=end, partial=partial, confidence=self.confidence, segment=self.segment,
-                         revision=w.revision, client_cfg=self.client_cfg)
+                         revision=w.revision, client_cfg=self.client_cfg, lag_bound=self.lag_bound)
 
     # ---- closing
     def close_due(self, now: float, final: bool = False) -> list[WindowSummary]:
@@ -274,14 +284,14 @@ class WindowSet:
             if final:
                 partial = short or now < w.end - 1e-6
                 summary = w.summary(actual_end=min(now, w.end), partial=partial, confidence=self.confidence,
-                                    segment=self.segment, client_cfg=self.client_cfg)
+                                    segment=self.segment, client_cfg=self.client_cfg, lag_bound=self.lag_bound)
             else:
                 if now < w.end:
                     break
                 if w.in_flight > 0 and now < w.end + self.patience:
                     continue
                 summary = w.summary(partial=short, confidence=self.confidence, segment=self.segment,
-                                    client_cfg=self.client_cfg)
+                                    client_cfg=self.client_cfg, lag_bound=self.lag_bound)
             w.closed_as = (min(now, w.end) if final else None, summary.partial)
             w.closed = True
             self.last_closed = max(self.last_closed, index)

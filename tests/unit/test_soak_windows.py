@@ -192,3 +192,26 @@ def test_a_request_waits_for_the_heartbeat_but_never_for_long() -> None:
     assert ws.pending == 0  # the heartbeat is silent: settled, as impaired (the silence overlapped it)
     (w,) = ws.close_due(171.0)
     assert w.requests == 1 and w.client.requests_impaired == 1 and w.e2e_seconds.count == 0
+
+
+def test_a_lag_the_run_always_has_impairs_nothing_an_unusual_one_does() -> None:
+    """soakd on a busy core: every heartbeat 150 ms late, all run long (beyond request_max_lag, 100 ms): it
+    moves every window alike, so the bound follows the run's own p99 (x3: 450 ms) and no request is impaired;
+    a 2 s stall in the middle is beyond it, and impairs the request it overlapped."""
+    clock = ManualClock(100.0)
+    ws = _set(clock)
+    t = 100.0
+    while t < 130.0:  # warm-up and the first 20 s of window 0: a beat every 160 ms, 150 ms late
+        t = round(t + 0.16, 6)
+        ws.add_lag(t, 0.15)
+    assert abs(ws.lag_bound - 0.45) < 0.01
+    for start in (130.5, 133.0):
+        clock.now = start
+        r = _record(0, start)
+        ws.started(r)
+        r.t_sent = start
+        ws.finished(r, [0.01])
+    ws.add_lag(131.0, 0.15)
+    ws.add_lag(135.0, 2.0)  # soakd stopped 2 s: [133.0, 135.0]
+    (w,) = ws.close_due(171.0)
+    assert w.client.requests_impaired == 1 and w.e2e_seconds.count == 1
