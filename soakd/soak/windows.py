@@ -16,7 +16,7 @@ in the heartbeat's ticks, charged to the window it happened in, not to the next)
 settled once the heartbeat has beaten after its end (until then it waits, counted in flight, in a
 small heap): if it overlapped a lag beyond the bound it is impaired: counted, its latency left out of
 the window's statistics (``OpenWindow.add``). The bound is ``analysis.client.request_max_lag``, or
-``request_lag_relative`` times the run's own p99 heartbeat lag when that is more (a lag that recurs all
+``request_lag_relative`` times the run's own p90 heartbeat lag when that is more (a lag that recurs all
 run long moves every window alike). Without a heartbeat (simulations, tests on a manual clock) a
 request settles at once.
 """
@@ -180,7 +180,7 @@ class WindowSet:
         lags = self._lags
         lags.add(lag)
         if self.lag_relative > 0 and lags.count % 100 == 0:  # the bound follows the run's usual lag
-            self.lag_bound = max(self.request_max_lag, self.lag_relative * (quantile(lags, 0.99) or 0.0))
+            self.lag_bound = max(self.request_max_lag, self.lag_relative * (quantile(lags, 0.9) or 0.0))
 
     def _charge(self, start: float, end: float, lag: float) -> None:
         """A loop lag of ``lag`` covering ``[start, end]``: its part not charged yet, to the windows it

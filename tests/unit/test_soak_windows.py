@@ -196,7 +196,7 @@ def test_a_request_waits_for_the_heartbeat_but_never_for_long() -> None:
 
 def test_a_lag_the_run_always_has_impairs_nothing_an_unusual_one_does() -> None:
     """soakd on a busy core: every heartbeat 150 ms late, all run long (beyond request_max_lag, 100 ms): it
-    moves every window alike, so the bound follows the run's own p99 (x3: 450 ms) and no request is impaired;
+    moves every window alike, so the bound follows the run's own p90 (x3: 450 ms) and no request is impaired;
     a 2 s stall in the middle is beyond it, and impairs the request it overlapped."""
     clock = ManualClock(100.0)
     ws = _set(clock)
