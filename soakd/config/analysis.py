@@ -352,7 +352,7 @@ class ClientConfig(_Model):
     request_lag_relative: float = Field(
         3.0,
         ge=0,
-        description="...and this many times the run's own p90 heartbeat lag so far: a lag that recurs all run long "
+        description="...and this many times the run's own p90 heartbeat lag so far (weighed by the time each lag covered): a lag that recurs all run long "
         "(soakd sharing a busy core, a CPU limit throttling it every period) moves every window alike and is no "
         "stall; only one beyond what the run usually sees impairs the requests it overlaps. 0: request_max_lag alone.",
     )

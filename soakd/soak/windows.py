@@ -58,7 +58,8 @@ class WindowSet:
         self.request_max_lag = cc.request_max_lag
         self.lag_relative = cc.request_lag_relative
         self.lag_bound = cc.request_max_lag  # the bound now: request_max_lag, or more on a run that always lags
-        self._lags = new_sketch()  # every heartbeat lag of the run (its p99 raises the bound)
+        self._lags = new_sketch()  # every heartbeat lag of the run, by the time it covered (its p90 raises the bound)
+        self._beats = 0
         # the heartbeat's period when the runtime's 10 ms heartbeat feeds add_lag: a silence of it longer
         # than this and the request bound, seen at a close, is a stall in progress (None: no such check)
         self.heartbeat_period = heartbeat_period
@@ -175,12 +176,15 @@ class WindowSet:
         if t < self.timeline.end and self.accepts(idx):
             self.window_for(idx).client.add_beat(lag, cpu_seconds)
         self._charge(t - lag, t, lag)
+        # each lag weighs the time since the last beat: the run's p90 lag is the lag it had 90% of the time,
+        # whatever the beat rate (a stall is one beat however long; a starved loop beats rarely)
+        weight = t - self.last_beat if self.last_beat is not None and t > self.last_beat else lag + 0.01
         self.last_beat = t if self.last_beat is None else max(self.last_beat, t)
         self._release(t)
-        lags = self._lags
-        lags.add(lag)
-        if self.lag_relative > 0 and lags.count % 100 == 0:  # the bound follows the run's usual lag
-            self.lag_bound = max(self.request_max_lag, self.lag_relative * (quantile(lags, 0.9) or 0.0))
+        self._lags.add(lag, max(weight, 1e-6))
+        self._beats += 1
+        if self.lag_relative > 0 and self._beats % 100 == 0:  # the bound follows the run's usual lag
+            self.lag_bound = max(self.request_max_lag, self.lag_relative * (quantile(self._lags, 0.9) or 0.0))
 
     def _charge(self, start: float, end: float, lag: float) -> None:
         """A loop lag of ``lag`` covering ``[start, end]``: its part not charged yet, to the windows it
