@@ -66,7 +66,8 @@ def quota_cgroup(name: str) -> tuple[Path | None, str]:
             d.mkdir(exist_ok=True)
             (d / "cpu.cfs_period_us").write_text("100000")
             (d / "cpu.cfs_quota_us").write_text("50000")
-            return d, "cgroup v1 cpu.cfs_quota_us 50000 / cpu.cfs_period_us 100000 (cgroup v2 has no cpu controller here)"
+            return d, ("cgroup v1 cpu.cfs_quota_us 50000 / cpu.cfs_period_us 100000 "
+                       "(cgroup v2 has no cpu controller here)")
     except OSError as exc:
         return None, f"no writable cgroup cpu controller ({exc})"
     return None, "no cgroup cpu controller (neither v2 cpu.max nor v1 cpu.cfs_quota_us)"
@@ -207,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
             hit = sum(r.get("result") == want for r in rs)
             shares = [r["impaired_share"] for r in rs if r.get("impaired_share") is not None]
             tok = [r["output_tokens_per_second"] for r in rs if r.get("output_tokens_per_second") is not None]
-            results = ", ".join(f"{k} {sum(r.get('result') == k for r in rs)}" for k in ("PASS", "FAIL", "INCONCLUSIVE"))
+            results = ", ".join(f"{k} {sum(r.get('result') == k for r in rs)}"
+                                for k in ("PASS", "FAIL", "INCONCLUSIVE"))
             good = hit >= 0.9 * len(rs)
             ok &= good
             print(f"{'ok  ' if good else 'MISS'} {mode:<8} {fault:<5} {want} in {hit} of {len(rs)} ({results}); "
