@@ -115,6 +115,11 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     MetricSpec("soakd_usage_missing_total", "counter",
                "Successful responses without a usage block; their completion tokens were counted from "
                "stream events.", ("scenario",)),
+    MetricSpec("soakd_requests_impaired_total", "counter",
+               "Measured requests that overlapped a stall of soakd's own event loop beyond "
+               "analysis.client.request_max_lag (a busy node, a CPU limit, soakd stopped): counted in "
+               "soakd_requests_total, left out of the latency histograms and the windows' latency statistics.",
+               ("scenario",)),
     MetricSpec("soakd_goodput_requests_total", "counter",
                "Measured requests that met every SLO of their scenario (scenarios.<name>.slo: ttft, mean inter-token "
                "gap, e2e); goodput = its rate over soakd_requests_total's. Only scenarios with an SLO.", ("scenario",)),
@@ -153,8 +158,13 @@ CATALOGUE: tuple[MetricSpec, ...] = (
                "1 when the last closed window had too few requests to judge drift (min_requests).",
                group="analysis"),
     MetricSpec("soakd_window_client_impaired", "gauge",
-               "1 when soakd itself stalled in the last closed window (event-loop lag, CFS throttling of its cgroup): "
-               "the window is shown, never judged.", group="analysis"),
+               "1 when soakd itself stalled through too much of the last closed window (more than "
+               "analysis.client.max_impaired_share of its requests overlapped a stall of its event loop, or of its "
+               "time was stalled): the window is shown, not judged on latency.", group="analysis"),
+    MetricSpec("soakd_window_requests_impaired_ratio", "gauge",
+               "The share of the last closed window's requests that overlapped a stall of soakd's own event loop "
+               "beyond analysis.client.request_max_lag (left out of its latency statistics; beyond "
+               "analysis.client.max_impaired_share the window is client-impaired).", group="analysis"),
     MetricSpec("soakd_window_loop_lag_seconds", "gauge",
                "soakd's event-loop lag in the last closed window (a 10 ms heartbeat), by stat (p50, p99, max).",
                ("stat",), group="analysis"),
@@ -510,6 +520,7 @@ class SoakMetrics:
         self.completion_tokens = LabeledCounter(S["soakd_completion_tokens_total"])
         self.usage_missing = LabeledCounter(S["soakd_usage_missing_total"])
         self.goodput = LabeledCounter(S["soakd_goodput_requests_total"])
+        self.requests_impaired = LabeledCounter(S["soakd_requests_impaired_total"])
         self.warmup_requests = LabeledCounter(S["soakd_warmup_requests_total"])
         self.late_sends = LabeledCounter(S["soakd_late_sends_total"])
         self.windows_closed = LabeledCounter(S["soakd_windows_closed_total"])
@@ -531,6 +542,7 @@ class SoakMetrics:
             self.prompt_tokens.init(sc)
             self.completion_tokens.init(sc)
             self.usage_missing.init(sc)
+            self.requests_impaired.init(sc)
             self.e2e.child(sc)
             self.ttft.child(sc)
             self.itl.child(sc)
@@ -544,7 +556,8 @@ class SoakMetrics:
     def _client_families(self) -> Iterator[Metric]:
         """The target's own series: requests, latency histograms, tokens, in flight, up."""
         for counter in (self.requests, self.failures, self.prompt_tokens, self.completion_tokens,
-                        self.usage_missing, self.warmup_requests, self.late_sends, self.windows_closed):
+                        self.usage_missing, self.warmup_requests, self.late_sends, self.windows_closed,
+                        self.requests_impaired):
             yield counter.family()
         for hist in (self.e2e, self.ttft, self.itl):
             yield hist.family()

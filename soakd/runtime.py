@@ -304,7 +304,8 @@ class Runtime:
                             first_index=self.session.first_window)
         def window_set() -> WindowSet:  # one per target, on the one timeline
             return WindowSet(timeline, confidence=cfg.analysis.drift.confidence, patience=self.policies.close_patience,
-                             clock=clock, client=cfg.analysis.client, kv_saturated_ratio=cfg.analysis.kv_saturated.ratio)
+                             clock=clock, client=cfg.analysis.client, kv_saturated_ratio=cfg.analysis.kv_saturated.ratio,
+                             heartbeat_period=self.heartbeat.period)
 
         # the same timeline and seed for every target: the same traffic at the same moments
         for t in self.targets:

@@ -387,7 +387,9 @@ class FreezeDetector(_Quiet):
 
 
 class ClientDetector(_Quiet):
-    """A window in which soakd itself stalled: shown, never judged; said as a finding."""
+    """A window in which soakd itself stalled through too much of it (``ClientSummary.impaired``): shown,
+    not judged on latency; said as a finding. (Requests a stall overlapped in other windows are counted
+    in their window's client summary, and left out of its latency.)"""
 
     name = "client"
 
@@ -398,7 +400,8 @@ class ClientDetector(_Quiet):
         if w.client is not None and w.client.impaired:
             self.impaired += 1
             ctx.findings.append(Finding(kind="client", diagnosis="client-impaired", severity="info",
-                                        message=f"window {w.window} is client-impaired (shown, not judged): "
+                                        message=f"window {w.window} is client-impaired (shown, not judged on "
+                                                f"latency): "
                                                 f"{w.client.impaired_reason}",
                                         evidence=w.client.model_dump(), window=w.window))
 

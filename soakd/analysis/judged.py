@@ -2,9 +2,11 @@
 (``soakd.core.verdict.NotJudged``, ``Judged``), the same for the analysis at the end of a run and
 for the report of a run whose verdict an earlier release stored without them.
 
-A full window is judged when the target stayed up in it, soakd itself did not stall in it
-(``ClientSummary.impaired``) and it had at least ``min_requests`` requests (and as many
-latency samples): exactly the windows the baseline pool and the drift comparisons may use.
+A full window is judged when the target stayed up in it, soakd itself did not stall through too much
+of it (``ClientSummary.impaired``: more than ``analysis.client.max_impaired_share`` of its requests
+or its time; the requests a stall overlapped are left out of its latency, the rest judged) and it had
+at least ``min_requests`` requests (and as many latency samples): exactly the windows the baseline
+pool and the drift comparisons may use.
 """
 
 from __future__ import annotations
@@ -51,7 +53,9 @@ def not_judged(windows: Iterable[WindowSummary], min_requests: int) -> list[NotJ
             stall = sum(c.stall_seconds for c in cs)
             throttled = sum(c.cgroup_throttled_seconds or 0.0 for c in cs)
             why = next((c.impaired_reason for c in cs if c.impaired_reason), None)
+            shares = [c.impaired_share for c in cs if c.impaired_share is not None]
             detail = (f"soakd's event loop lagged up to {lag * 1000:.0f} ms, {stall:.1f} s stalled in all"
+                      + (f", up to {max(shares):.0%} of a window's requests impaired" if shares else "")
                       + (f", its cgroup throttled {throttled:.1f} s" if throttled else "") + (f" ({why})" if why else ""))
         elif cause == "too_few_requests":
             detail = (f"fewer than {min_requests} requests: "
@@ -70,4 +74,5 @@ def judged(windows: Iterable[WindowSummary], min_requests: int, detectable: dict
     ok = [w for w in full if not_judged_cause(w, min_requests) is None]
     return Judged(windows=len(ok), full_windows=len(full), partial_windows=len(windows) - len(full),
                   requests=sum(w.requests for w in ok), requests_measured=sum(w.requests for w in windows),
+                  requests_impaired=sum(w.client.requests_impaired for w in ok if w.client is not None),
                   detectable=dict(detectable or {}))

@@ -80,13 +80,15 @@ class ClientStats:
     headers are not progress)."""
 
     __slots__ = ("lag", "heartbeats", "lag_max", "stall", "cpu", "throttled", "periods", "flags", "start",
-                 "inflight_delta", "starts")
+                 "inflight_delta", "starts", "request_stall", "impaired_requests")
 
     def __init__(self, start: float, seconds: float) -> None:
         self.lag = new_sketch()
         self.heartbeats = 0
         self.lag_max = 0.0
         self.stall = 0.0
+        self.request_stall = 0.0  # the part of the window's time in loop lags beyond the request bound
+        self.impaired_requests = 0  # requests of the window that overlapped such a lag
         self.cpu: float | None = None
         self.throttled: float | None = None
         self.periods: int | None = None
@@ -121,15 +123,28 @@ class ClientStats:
                 flags[i] = 1
         # headers are not progress: a wedged front end sends them to every new stream, and no token after them
 
-    def add_lag(self, lag: float, cpu_seconds: float | None = None) -> None:
+    def add_beat(self, lag: float, cpu_seconds: float | None = None) -> None:
+        """One heartbeat that woke in this window, ``lag`` late (and the CPU time since the last one)."""
         lag = max(0.0, lag)
         self.heartbeats += 1
         self.lag.add(lag)
-        self.lag_max = max(self.lag_max, lag)
-        if lag > STALL_LAG:
-            self.stall += lag
         if cpu_seconds is not None:
             self.cpu = (self.cpu or 0.0) + cpu_seconds
+
+    def add_stall(self, seconds: float, lag: float, beyond_bound: bool) -> None:
+        """The part (``seconds``) of a loop lag of ``lag`` that fell in this window; ``beyond_bound``: the
+        lag was long enough to impair the requests it overlapped (``request_max_lag``)."""
+        self.lag_max = max(self.lag_max, lag)
+        if lag > STALL_LAG:
+            self.stall += seconds
+        if beyond_bound:
+            self.request_stall += seconds
+
+    def add_lag(self, lag: float, cpu_seconds: float | None = None, bound: float | None = None) -> None:
+        """A heartbeat and its whole lag charged to this window (``bound``: the request bound, default 0.1 s)."""
+        self.add_beat(lag, cpu_seconds)
+        lag = max(0.0, lag)
+        self.add_stall(lag, lag, lag >= (bound if bound is not None else 0.1))
 
     def add_throttling(self, seconds: float, periods: int) -> None:
         self.throttled = (self.throttled or 0.0) + seconds
@@ -158,12 +173,18 @@ class ClientStats:
         (no byte, no end, so silent throughout) and those that started in its first half (silent at least half)."""
         return sum(self.inflight_delta[: at + 1]) + sum(self.starts[at + 1: at + n // 2 + 1])
 
-    def summary(self, wall: float, cfg: ClientConfig | None) -> ClientSummary:
+    def summary(self, wall: float, cfg: ClientConfig | None, requests: int = 0,
+                lag_bound: float | None = None) -> ClientSummary:
+        """``requests``: the window's requests (the impaired share's denominator); ``lag_bound``: the stall
+        bound in force (default ``cfg.request_max_lag``)."""
         out = ClientSummary(heartbeats=self.heartbeats, stall_seconds=self.stall, cpu_seconds=self.cpu,
-                            cgroup_throttled_seconds=self.throttled, cgroup_throttled_periods=self.periods)
+                            cgroup_throttled_seconds=self.throttled, cgroup_throttled_periods=self.periods,
+                            requests_impaired=self.impaired_requests, request_stall_seconds=self.request_stall,
+                            impaired_share=self.impaired_requests / requests if requests else None)
         if self.heartbeats:
             out.loop_lag_p50_seconds = quantile(self.lag, 0.5)
             out.loop_lag_p99_seconds = quantile(self.lag, 0.99)
+        if self.heartbeats or self.lag_max:
             out.loop_lag_max_seconds = self.lag_max
         if self.cpu is not None and wall > 0:
             out.cpu_share = self.cpu / wall
@@ -172,12 +193,21 @@ class ClientStats:
             out.freeze_max_seconds, out.freeze_start_offset_seconds = fr
             out.freeze_requests = self.silent_requests(round(fr[1] / BUCKET), round(fr[0] / BUCKET))
         cfg = cfg or ClientConfig()
+        bound = f"{(lag_bound or cfg.request_max_lag) * 1000:.0f} ms"
         why = []
-        if wall > 0 and self.stall > cfg.max_stall_share * wall:
+        share = cfg.max_impaired_share
+        if requests and self.impaired_requests > share * requests:
+            why.append(f"{self.impaired_requests} of {requests} requests ({self.impaired_requests / requests:.1%}) "
+                       f"overlapped a stall of soakd's event loop beyond {bound}")
+        if wall > 0 and self.request_stall > share * wall:
+            why.append(f"soakd's event loop stalled beyond {bound} for {self.request_stall:.2f} s "
+                       f"({self.request_stall / wall:.1%} of the window)")
+        if cfg.max_stall_share is not None and wall > 0 and self.stall > cfg.max_stall_share * wall:
             why.append(f"soakd's event loop stalled {self.stall:.2f} s ({self.stall / wall:.1%} of the window)")
-        if self.lag_max > cfg.max_lag:
+        if cfg.max_lag is not None and self.lag_max > cfg.max_lag:
             why.append(f"one stall of {self.lag_max * 1000:.0f} ms")
-        if self.throttled is not None and wall > 0 and self.throttled > cfg.max_throttled_share * wall:
+        if (cfg.max_throttled_share is not None and self.throttled is not None and wall > 0
+                and self.throttled > cfg.max_throttled_share * wall):
             why.append(f"soakd's cgroup was CPU-throttled {self.throttled:.2f} s ({self.throttled / wall:.1%})")
         if why:
             out.impaired, out.impaired_reason = True, "; ".join(why)
@@ -271,7 +301,9 @@ class OpenWindow:
         return s
 
     # ---- what a window collects
-    def add(self, rec: RequestRecord, gaps: list[float] | None) -> None:
+    def add(self, rec: RequestRecord, gaps: list[float] | None, impaired: bool = False) -> None:
+        """A finished request; ``impaired``: it overlapped a stall of soakd's own loop (counted, its
+        latency left out)."""
         s = self.stats(rec.scenario)
         s.count += 1
         s.outcomes[rec.outcome.value] += 1
@@ -285,8 +317,15 @@ class OpenWindow:
             self.client.add_request_ns(t0, rec.t_end_ns or t0, rec.token_times_ns, rec.t_headers_ns,
                                        rec.t_sent - t0 / 1e9)
         sub.requests[j] += 1
+        if impaired:
+            self.client.impaired_requests += 1
         if rec.outcome is Outcome.OK:
             sub.ok[j] += 1
+            if impaired:  # its tokens count (throughput), its latency is soakd's as much as the server's
+                s.prompt_tokens += rec.prompt_tokens
+                s.completion_tokens += rec.completion_tokens
+                s.completion_tokens_sumsq += rec.completion_tokens * rec.completion_tokens
+                return
             e2e = rec.e2e_seconds
             s.e2e.add(e2e)
             sub.add(j, "e2e", e2e)
@@ -317,7 +356,8 @@ class OpenWindow:
 
     # ---- the summary
     def summary(self, actual_end: float | None = None, partial: bool = False, confidence: float = 0.95,
-                segment: int = 0, revision: int = 0, client_cfg: ClientConfig | None = None) -> WindowSummary:
+                segment: int = 0, revision: int = 0, client_cfg: ClientConfig | None = None,
+                lag_bound: float | None = None) -> WindowSummary:
         end = actual_end if actual_end is not None else self.end
         wall = max(1e-9, end - self.start)
         dur = max(1e-9, wall - min(self.paused_seconds, wall * 0.999))
@@ -378,7 +418,7 @@ class OpenWindow:
             late_records=self.late_records,
             revision=revision,
             subwindows=self.sub.summary(self.sub_seconds),
-            client=self.client.summary(wall, client_cfg),
+            client=self.client.summary(wall, client_cfg, total, lag_bound),
             scenarios=per,
             goodput=Goodput(requests=slo_n, met=slo_met) if slo_n else None,
             quiesce=self.quiesce,

@@ -311,24 +311,30 @@ class QuiesceConfig(_Model):
 
 
 class ClientConfig(_Model):
-    """When soakd itself was too stalled to measure (``analysis.client``): client-impaired windows."""
+    """When soakd itself was too stalled to measure (``analysis.client``): its own stalls are charged per
+    request (a request that overlapped a loop lag beyond ``request_max_lag`` is impaired: counted, left
+    out of the latency statistics); a window is client-impaired (shown, not judged) only when too much
+    of it was."""
 
-    max_stall_share: float = Field(
-        0.005,
+    max_stall_share: float | None = Field(
+        None,
         ge=0,
         le=1,
-        description="A window in which soakd's event loop lagged (heartbeat lags beyond 20 ms, summed) for more "
-        "than this share of its time is client-impaired: shown, never judged.",
+        description="Optional window rule: a window in which soakd's event loop lagged (heartbeat lags beyond 20 ms, "
+        "summed) for more than this share of its time is client-impaired: shown, never judged. null (default): "
+        "no such rule; stalls are charged to the requests they overlap (request_max_lag).",
     )
-    max_lag: Duration = Field(
-        0.25, gt=0, description="A single heartbeat lag this long makes the window client-impaired too."
+    max_lag: Duration | None = Field(
+        None, gt=0, description="Optional window rule: a single heartbeat lag this long makes the window client-impaired "
+        "too. null (default): a long lag impairs the requests it overlaps, not the window."
     )
-    max_throttled_share: float = Field(
-        0.01,
+    max_throttled_share: float | None = Field(
+        None,
         ge=0,
         le=1,
-        description="CFS throttling of soakd's own cgroup (cpu.stat) for more than this share of the window makes "
-        "it client-impaired (a CPU limit, e.g. from a LimitRange the manifests do not set).",
+        description="Optional window rule: CFS throttling of soakd's own cgroup (cpu.stat) for more than this share of "
+        "the window makes it client-impaired. null (default): throttling is recorded and shown; the loop lags it "
+        "causes impair the requests they overlap.",
     )
     freeze_min: Duration = Field(
         5.0,
@@ -344,6 +350,31 @@ class ClientConfig(_Model):
         "answered probe per interval: an answer with the silence past the freeze threshold is 'engine wedged'; "
         "a timeout with requests in flight and no progress during it is 'target hung' (soakd_target_up 0 until "
         "it answers).",
+    )
+    request_max_lag: Duration = Field(
+        0.1,
+        gt=0,
+        description="A heartbeat lag of soakd's event loop this long that overlaps a request (from its send to its "
+        "end) makes the request impaired: counted (soakd_requests_impaired_total, the window's client summary), "
+        "left out of the latency statistics; the window is judged on the rest.",
+    )
+    request_lag_relative: float = Field(
+        0.0,
+        ge=0,
+        description="Optional: ...and this many times the run's own p90 heartbeat lag so far (weighed by the time each lag covered): a lag that recurs all run long "
+        "(soakd sharing a busy core, a CPU limit throttling it every period) moves every window alike and is no "
+        "stall; only one beyond what the run usually sees impairs the requests it overlaps. 0 (default): "
+        "request_max_lag alone (a soakd starved all run long is then INCONCLUSIVE; with e.g. 3 it is judged, "
+        "and a starvation that changes mid-run can move e2e p95 enough to fail it: measured live, "
+        "benchmarks/busy_node.py).",
+    )
+    max_impaired_share: float = Field(
+        0.2,
+        ge=0,
+        le=1,
+        description="A window with more than this share of its requests impaired, or with soakd's loop stalled beyond "
+        "request_max_lag for more than this share of its time (soakd stopped, e.g. SIGSTOP), is client-impaired: "
+        "shown, not judged on latency (throttling, leaks and errors are still judged).",
     )
 
 

@@ -191,8 +191,10 @@ class SubWindows(_Part):
 class ClientSummary(_Part):
     """soakd's own health in the window: its event loop's lag (a 10 ms heartbeat), its CPU time, the
     CFS throttling of its cgroup, and the longest freeze (requests in flight, no byte received from
-    any). ``impaired``: soakd itself stalled enough to move what it measured; the window is shown,
-    never judged (``impaired_reason`` says why)."""
+    any). A request that overlapped a loop lag beyond ``analysis.client.request_max_lag`` is impaired
+    (``requests_impaired``, ``impaired_share`` of the window's requests): counted, its latency left out.
+    ``impaired``: too much of the window was (more than ``max_impaired_share`` of its requests or of its
+    time); the window is shown, not judged on latency (``impaired_reason`` says why)."""
 
     heartbeats: int = 0
     loop_lag_p50_seconds: float | None = None
@@ -208,6 +210,9 @@ class ClientSummary(_Part):
     freeze_requests: int | None = None  # the requests silent through it (in flight at its start) or half of it
     impaired: bool = False
     impaired_reason: str | None = None
+    requests_impaired: int = 0  # requests that overlapped a loop lag beyond analysis.client.request_max_lag
+    impaired_share: float | None = None  # of the window's requests (None: no request)
+    request_stall_seconds: float = 0.0  # the window's time in loop lags beyond that bound
 
 
 class Goodput(_Part):

@@ -62,11 +62,18 @@ class Judged(_Model):
     partial_windows: int = 0
     requests: int = 0  # measured requests in the judged windows
     requests_measured: int = 0  # in every window, judged or not
+    # of the judged windows' requests, those that overlapped a stall of soakd's own loop (their latency left out)
+    requests_impaired: int = 0
     # metric -> the smallest change the live page catches within two windows (set when the pool completed)
     detectable: dict[str, float] = Field(default_factory=dict)
 
     def text(self) -> str:
-        out = f"{self.windows} of {self.full_windows} full windows judged ({self.requests:,} requests)"
+        out = f"{self.windows} of {self.full_windows} full windows judged ({self.requests:,} requests"
+        if self.requests_impaired:
+            share = self.requests_impaired / self.requests if self.requests else 0.0
+            out += (f", {self.requests_impaired:,} of them ({share:.1%}) impaired by soakd's own stalls: "
+                    "their latency left out")
+        out += ")"
         if self.detectable:
             def pct(m: str, v: float) -> str:
                 unit = "pp" if m in ("error_rate", "goodput_ratio") else "%"

@@ -228,6 +228,10 @@ def _window_row(w: WindowSummary, baseline_idx: int | None, notes: Iterable[str]
     if restarts:
         flags.append(f"server restarted x{restarts}" if restarts > 1 else "server restarted")
     flags = window_notes(flags, cause)
+    c = w.client
+    if c is not None and c.requests_impaired and not c.impaired:  # judged on the rest
+        flags.append(f"{c.requests_impaired} requests impaired by soakd's own stalls "
+                     f"({(c.impaired_share or 0.0):.1%}): latency judged on the rest")
     flags.extend(n for n in notes if n not in flags)
     return {
         "window": w.window,

@@ -85,6 +85,10 @@ class AnalysisExporter:
             imp = BY_NAME["soakd_window_client_impaired"].family()
             imp.add_metric([], 1.0 if c is not None and c.impaired else 0.0)
             yield imp
+            if c is not None and c.impaired_share is not None:
+                share = BY_NAME["soakd_window_requests_impaired_ratio"].family()
+                share.add_metric([], c.impaired_share)
+                yield share
             if c is not None and c.heartbeats:
                 lag = BY_NAME["soakd_window_loop_lag_seconds"].family()
                 for q, v in (("p50", c.loop_lag_p50_seconds), ("p99", c.loop_lag_p99_seconds),

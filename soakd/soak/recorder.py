@@ -66,6 +66,9 @@ class Recorder:
         self._listeners: list[RecordListener] = []
         self._on_target_change: list[Callable[[bool], None]] = []
         self._on_first_drop: list[Callable[[RequestRecord], None]] = []
+        # the latency histograms take a request once the window set has settled it (not impaired by a
+        # stall of soakd's own loop: those are counted in soakd_requests_impaired_total instead)
+        windows.on_settled = self._settled
 
     # ---- subscriptions
     def add_listener(self, listener: RecordListener) -> None:
@@ -137,15 +140,11 @@ class Recorder:
         hists = self._hists.get(sc)
         if hists is None:
             hists = self._hists[sc] = (m.e2e.child(sc), m.ttft.child(sc), m.itl.child(sc), (sc,))
-        e2e, ttft, itl, key = hists
-        e2e.observe((rec.t_end_ns - rec.t_start_ns) / 1e9)
+        key = hists[3]
         gaps = None
         times = rec.token_times_ns
-        if rec.stream and times:
-            ttft.observe((times[0] - rec.t_start_ns) / 1e9)
-            if len(times) > 1:
-                gaps = [(b - a) / 1e9 for a, b in pairwise(times)]
-                itl.observe_many(gaps)
+        if rec.stream and len(times) > 1:
+            gaps = [(b - a) / 1e9 for a, b in pairwise(times)]
         m.prompt_tokens.inc(key, rec.prompt_tokens)
         m.completion_tokens.inc(key, rec.completion_tokens)
         self.prompt_tokens += rec.prompt_tokens
@@ -156,6 +155,29 @@ class Recorder:
             self._calib_n += 1
             self.prompt_token_error.append(rec.prompt_tokens / rec.expected_prompt_tokens - 1.0)
         return gaps
+
+    def _settled(self, rec: RequestRecord, gaps: list[float] | None, impaired: bool) -> None:
+        """A measured request settled by the window set: its latency into the histograms, or counted as
+        impaired (it overlapped a stall of soakd's own event loop)."""
+        if rec.warmup:
+            return
+        sc = rec.scenario
+        if impaired:
+            self.metrics.requests_impaired.inc((sc,))
+            return
+        if rec.outcome is not Outcome.OK:
+            return
+        hists = self._hists.get(sc)
+        if hists is None:
+            m = self.metrics
+            hists = self._hists[sc] = (m.e2e.child(sc), m.ttft.child(sc), m.itl.child(sc), (sc,))
+        e2e, ttft, itl, _key = hists
+        e2e.observe((rec.t_end_ns - rec.t_start_ns) / 1e9)
+        times = rec.token_times_ns
+        if rec.stream and times:
+            ttft.observe((times[0] - rec.t_start_ns) / 1e9)
+            if gaps:
+                itl.observe_many(gaps)
 
     def _connection_dropped(self, rec: RequestRecord) -> None:
         """A connection error while the target answers other requests (it answered one in full

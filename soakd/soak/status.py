@@ -61,6 +61,11 @@ def compact(s: WindowSummary) -> dict[str, Any]:
         "itl_p95": s.itl_seconds.p95,
         "mix": {k: round(v, 4) for k, v in s.mix.items()},
         "outcomes": {k: v for k, v in s.outcomes.items() if v},
+        # requests that overlapped a stall of soakd's own loop (their latency left out), and whether too
+        # many were for the window to be judged
+        "requests_impaired": s.client.requests_impaired if s.client is not None else 0,
+        "impaired_share": s.client.impaired_share if s.client is not None else None,
+        "client_impaired": bool(s.client is not None and s.client.impaired),
     }
 
 
@@ -184,6 +189,7 @@ class StatusBoard:
                 "requests_sent": rec.sent,
                 "requests_finished": rec.finished_count,
                 "requests_measured": rec.measured,
+                "requests_impaired": int(sum(self.metrics.requests_impaired.values.values())),
                 "outcomes": dict(rec.outcomes),
                 "target_up": rec.target_up,
                 "requests_per_second": round(self.rates[0], 3),

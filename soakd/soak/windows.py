@@ -9,11 +9,27 @@ window closed is never dropped: when it finishes it is counted into the window i
 (``late_records``), and once the window's last straggler has finished (or the run ends) the
 window comes out again as a revision (``revision`` 1, 2, …) that replaces the stored summary.
 Then its sketches are dropped (bounded memory).
+
+soakd's own stalls (the heartbeat's lags, ``add_lag``) are charged to the time they covered: each
+lag is the interval ``[t - lag, t]``, split over the windows it overlaps (a SIGSTOP of soakd is a gap
+in the heartbeat's ticks, charged to the window it happened in, not to the next). A request is
+settled once the heartbeat has beaten after its end (until then it waits, counted in flight, in a
+small heap): if it overlapped a lag beyond the bound it is impaired: counted, its latency left out of
+the window's statistics (``OpenWindow.add``). The bound is ``analysis.client.request_max_lag``, or
+``request_lag_relative`` times the run's own p90 heartbeat lag when that is more (a lag that recurs all
+run long moves every window alike). Without a heartbeat (simulations, tests on a manual clock) a
+request settles at once.
 """
 
 from __future__ import annotations
 
-from soakd.analysis.window import OpenWindow
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable
+
+from soakd.analysis.sketch import new_sketch, quantile
+from soakd.analysis.window import STALL_LAG, OpenWindow
 from soakd.config.analysis import ClientConfig
 from soakd.core.records import RequestRecord
 from soakd.core.series import Series
@@ -24,7 +40,8 @@ from soakd.core.timeline import SYSTEM_CLOCK, Clock, Timeline
 class WindowSet:
     def __init__(self, timeline: Timeline, *, confidence: float = 0.95, patience: float = 120.0,
                  clock: Clock = SYSTEM_CLOCK, client: ClientConfig | None = None,
-                 sub_length: float | None = None, kv_saturated_ratio: float = 0.98) -> None:
+                 sub_length: float | None = None, kv_saturated_ratio: float = 0.98,
+                 heartbeat_period: float | None = None) -> None:
         self.timeline = timeline
         self.kv_saturated_ratio = kv_saturated_ratio  # KV usage that counts as pinned full (analysis.kv_saturated)
         self.sub_length = sub_length  # the sub-windows' length (default: a minute, or a tenth of a short window)
@@ -37,6 +54,22 @@ class WindowSet:
         self.last_closed = timeline.first_index - 2  # index of the last window closed
         self.closed_count = 0
         self.ended = False  # the final close happened: no window opens or closes after it
+        cc = client or ClientConfig()
+        self.request_max_lag = cc.request_max_lag
+        self.lag_relative = cc.request_lag_relative
+        self.lag_bound = cc.request_max_lag  # the bound now: request_max_lag, or more on a run that always lags
+        self._lags = new_sketch()  # every heartbeat lag of the run, by the time it covered (its p90 raises the bound)
+        self._beats = 0
+        # the heartbeat's period when the runtime's 10 ms heartbeat feeds add_lag: a silence of it longer
+        # than this and the request bound, seen at a close, is a stall in progress (None: no such check)
+        self.heartbeat_period = heartbeat_period
+        self.last_beat: float | None = None  # the time of the last heartbeat (None: none yet: settle at once)
+        self._covered = float("-inf")  # loop time up to which lags are charged
+        self.stalls: deque[tuple[float, float]] = deque(maxlen=20_000)  # recent lags beyond the bound
+        self._pending: list[tuple[float, int, RequestRecord, list[float] | None, float, float]] = []
+        self._seq = itertools.count()
+        # called with every settled measured record: (record, gaps, impaired)
+        self.on_settled: Callable[[RequestRecord, list[float] | None, bool], None] | None = None
 
     # ---- the windows
     def window_for(self, index: int) -> OpenWindow:
@@ -67,16 +100,60 @@ class WindowSet:
         rec.sub = w.sub_index(now)
 
     def finished(self, rec: RequestRecord, gaps: list[float] | None) -> None:
-        """A finished request: into its window, or counted late when that closed already."""
+        """A finished request: into its window (once the heartbeat has beaten after its end), or counted
+        late when that closed already."""
+        w = self.open.get(rec.window)
+        if w is None:
+            return
+        if rec.warmup:
+            w.in_flight -= 1
+            return
+        start, end = self._span(rec)
+        if self.last_beat is not None and end > self.last_beat:
+            heapq.heappush(self._pending, (end, next(self._seq), rec, gaps, start, end))
+            return
+        self._settle(rec, gaps, start, end)
+
+    @staticmethod
+    def _span(rec: RequestRecord) -> tuple[float, float]:
+        """The request from its send to its end, on the window set's clock."""
+        t0 = rec.t_sent if rec.t_sent is not None else 0.0
+        if rec.t_start_ns and rec.t_end_ns:
+            return t0, t0 + max(0.0, (rec.t_end_ns - rec.t_start_ns) / 1e9)
+        return t0, t0
+
+    def impaired(self, start: float, end: float) -> bool:
+        """Whether ``[start, end]`` overlapped a loop lag beyond the request bound."""
+        for a, b in reversed(self.stalls):
+            if b < start:
+                return False
+            if a <= end:
+                return True
+        return False
+
+    def _settle(self, rec: RequestRecord, gaps: list[float] | None, start: float, end: float) -> None:
         w = self.open.get(rec.window)
         if w is None:
             return
         w.in_flight -= 1
-        if rec.warmup:
-            return
+        bad = bool(self.stalls) and self.impaired(start, end)
         if w.closed:
             w.late_records += 1
-        w.add(rec, gaps)
+        w.add(rec, gaps, impaired=bad)
+        if self.on_settled is not None:
+            self.on_settled(rec, gaps, bad)
+
+    def _release(self, upto: float | None) -> None:
+        """Settle the waiting requests that ended by ``upto`` (None: all)."""
+        p = self._pending
+        while p and (upto is None or p[0][0] <= upto):
+            _end, _n, rec, gaps, a, b = heapq.heappop(p)
+            self._settle(rec, gaps, a, b)
+
+    @property
+    def pending(self) -> int:
+        """Finished requests waiting for the heartbeat to beat after their end."""
+        return len(self._pending)
 
     def add_samples(self, series: list[Series], t: float) -> int | None:
         """A telemetry snapshot taken at ``t``: into its window; the window index, or None."""
@@ -91,10 +168,58 @@ class WindowSet:
             self.window_for(index).add_energy(joules, seconds)
 
     def add_lag(self, t: float, lag: float, cpu_seconds: float | None = None) -> None:
-        """One heartbeat of soakd's event loop at ``t``: how late it woke (and the CPU time since the last)."""
+        """One heartbeat of soakd's event loop at ``t``: how late it woke (and the CPU time since the
+        last). The beat counts in the window of ``t``; the lag, ``[t - lag, t]``, in the windows it covered;
+        then the requests that ended by ``t`` settle."""
+        lag = max(0.0, lag)
         idx = self.timeline.window_at(t)
         if t < self.timeline.end and self.accepts(idx):
-            self.window_for(idx).client.add_lag(lag, cpu_seconds)
+            self.window_for(idx).client.add_beat(lag, cpu_seconds)
+        self._charge(t - lag, t, lag)
+        # each lag weighs the time since the last beat: the run's p90 lag is the lag it had 90% of the time,
+        # whatever the beat rate (a stall is one beat however long; a starved loop beats rarely)
+        weight = t - self.last_beat if self.last_beat is not None and t > self.last_beat else lag + 0.01
+        self.last_beat = t if self.last_beat is None else max(self.last_beat, t)
+        self._release(t)
+        self._lags.add(lag, max(weight, 1e-6))
+        self._beats += 1
+        if self.lag_relative > 0 and self._beats % 100 == 0:  # the bound follows the run's usual lag
+            self.lag_bound = max(self.request_max_lag, self.lag_relative * (quantile(self._lags, 0.9) or 0.0))
+
+    def _charge(self, start: float, end: float, lag: float) -> None:
+        """A loop lag of ``lag`` covering ``[start, end]``: its part not charged yet, to the windows it
+        overlaps; a lag beyond the request bound is remembered for the requests it overlapped."""
+        start = max(start, self._covered)
+        if end <= start:
+            return
+        self._covered = end
+        long = lag >= self.lag_bound
+        if long:
+            self.stalls.append((start, end))
+        if lag <= STALL_LAG and not long:
+            idx = self.timeline.window_at(end)
+            if end < self.timeline.end and self.accepts(idx):
+                self.window_for(idx).client.add_stall(end - start, lag, False)
+            return
+        tl = self.timeline
+        k0, k1 = tl.window_at(start), tl.window_at(min(end, tl.end - 1e-9))
+        for k in range(max(k0, tl.first_index), k1 + 1):
+            if not self.accepts(k):
+                continue
+            ws, we = tl.window_bounds(k)
+            overlap = min(end, we) - max(start, ws)
+            if overlap > 0:
+                self.window_for(k).client.add_stall(overlap, lag, long)
+
+    def check_gap(self, now: float) -> None:
+        """A close while the heartbeat has been silent beyond its period and the request bound: the loop
+        is just back from a stall (soakd stopped) that the heartbeat has not reported yet: charged now, to
+        the time it covered."""
+        if self.heartbeat_period is None or self.last_beat is None:
+            return
+        gap = now - self.last_beat - self.heartbeat_period
+        if gap >= self.lag_bound:
+            self._charge(now - gap, now, gap)
 
     def add_throttling(self, t: float, seconds: float, periods: int) -> None:
         """CFS throttling of soakd's cgroup since the last reading (``cpu.stat``)."""
@@ -135,7 +260,7 @@ class WindowSet:
         w.revision += 1
         end, partial = w.closed_as
         return w.summary(actual_end=end, partial=partial, confidence=self.confidence, segment=self.segment,
-                         revision=w.revision, client_cfg=self.client_cfg)
+                         revision=w.revision, client_cfg=self.client_cfg, lag_bound=self.lag_bound)
 
     # ---- closing
     def close_due(self, now: float, final: bool = False) -> list[WindowSummary]:
@@ -144,6 +269,11 @@ class WindowSet:
         out: list[WindowSummary] = []
         if self.ended:
             return out
+        self.check_gap(now)
+        if final:
+            self._release(None)
+        elif self.heartbeat_period is not None:  # a heartbeat that stopped beating holds nothing for long
+            self._release(now - max(1.0, 10 * self.heartbeat_period))
         self.ended = final
         tl = self.timeline
         upto = tl.window_at(min(now, tl.end - 1e-9))
@@ -158,14 +288,14 @@ class WindowSet:
             if final:
                 partial = short or now < w.end - 1e-6
                 summary = w.summary(actual_end=min(now, w.end), partial=partial, confidence=self.confidence,
-                                    segment=self.segment, client_cfg=self.client_cfg)
+                                    segment=self.segment, client_cfg=self.client_cfg, lag_bound=self.lag_bound)
             else:
                 if now < w.end:
                     break
                 if w.in_flight > 0 and now < w.end + self.patience:
                     continue
                 summary = w.summary(partial=short, confidence=self.confidence, segment=self.segment,
-                                    client_cfg=self.client_cfg)
+                                    client_cfg=self.client_cfg, lag_bound=self.lag_bound)
             w.closed_as = (min(now, w.end) if final else None, summary.partial)
             w.closed = True
             self.last_closed = max(self.last_closed, index)

@@ -65,10 +65,12 @@ SIM: dict[str, Any] = {
 GIB = 1024**3
 STALL = 0.02  # loop lags above this are recorded in Soak.stalls (printed, never excused)
 # The plumbing tests judge faults far beyond what a stall of this machine does to a 2 s window, and do not
-# test soakd's own health: they judge every window (client-impaired off). The stationary test and the
-# client-impaired test keep the defaults, under which a 1-2 s window is impaired by ~20 ms of stalls.
-LAX_CLIENT: dict[str, Any] = {"max_stall_share": 1.0, "max_lag": 3600.0, "max_throttled_share": 1.0}
-DEFAULT_CLIENT: dict[str, Any] = {"max_stall_share": 0.005, "max_lag": 0.25, "max_throttled_share": 0.01}
+# test soakd's own health: they judge every window and every request (client-impaired off). The stationary
+# test and the client-impaired tests keep the defaults: a request that overlapped a loop lag beyond 100 ms
+# is impaired (its latency left out), a window with more than a fifth of its requests or time so is not judged.
+LAX_CLIENT: dict[str, Any] = {"max_stall_share": 1.0, "max_lag": 3600.0, "max_throttled_share": 1.0,
+                              "request_max_lag": 3600.0, "max_impaired_share": 1.0}
+DEFAULT_CLIENT: dict[str, Any] = {}
 
 
 @pytest.fixture(autouse=True)
@@ -227,7 +229,8 @@ async def test_latency_step_is_flagged_live_and_located_at_the_end(tmp_path: Pat
     stalls = soak.stalls_by_window()
     windows = final["windows"]
     assert [w["window"] for w in windows] == list(range(8)) and not any(w["partial"] for w in windows)
-    assert min(w["requests"] for w in windows) >= 110, [w["requests"] for w in windows]  # p95s judged
+    # every window judged (a busy machine gives soakd ~100 requests per window instead of ~250: enough)
+    assert min(w["requests"] for w in windows) >= d.config.analysis.drift.min_requests, [w["requests"] for w in windows]
     assert [p.window for p in d.analyzer.pool] == [0, 1, 2] and d.analyzer.baseline.window == 0
 
     live = [f for f in d.analyzer.findings if f.kind == "drift" and f.diagnosis == "performance drift"]
@@ -334,10 +337,12 @@ async def test_stationary_noisy_simulator_is_not_flagged_over_twenty_windows(tmp
     ok = [r for r in judged if r.ratio is not None]
     worst = {m: max((abs(r.ratio) for r in ok if r.metric == m), default=0.0) for m in metrics}
     # how close a comparison came to a flag: the interval's near end beyond the threshold (> 0 flags)
-    closest = max(ok, key=lambda r: (r.ratio_ci[0] - r.threshold) if r.ratio >= 0 else (-r.threshold - r.ratio_ci[1]))
+    # (none when every window after the pool was client-impaired: then there is no closest one to print)
+    closest = max(ok, key=lambda r: (r.ratio_ci[0] - r.threshold) if r.ratio >= 0 else (-r.threshold - r.ratio_ci[1]),
+                  default=None)
     print(f"\nstationary: requests/window {min(w['requests'] for w in windows)}-{max(w['requests'] for w in windows)}; "
           f"{len(judged)} judged comparisons; client-impaired windows {sorted(impaired)}; largest |change| "
-          f"{({m: round(v, 4) for m, v in worst.items()})}; closest to a flag: {closest.message()}; "
+          f"{({m: round(v, 4) for m, v in worst.items()})}; closest to a flag: {closest.message() if closest else None}; "
           f"loop stalls (ms) by window {stalls}; at the end: {[c['metric'] + ' ' + c['tier'] for c in v['drift']['changes']]}")
 
 
@@ -711,31 +716,71 @@ async def test_canary_mismatch_is_reported(tmp_path: Path) -> None:
     assert f"canary: output changed (window {k})" in final["verdict"]["reasons"]
 
 
-@pytest.mark.timeout(120)
-async def test_soakd_stalling_itself_is_client_impaired_and_inconclusive(tmp_path: Path) -> None:
-    """soakd's own event loop blocked for 300 ms after every 150th finished request (a record listener
-    that sleeps: a stop-the-world pause, a CPU limit): every window is client-impaired (the 10 ms
-    heartbeat saw a stall beyond 250 ms), shown and exported, never judged -- no drift finding
-    although the stalls move every latency -- and the run is INCONCLUSIVE."""
+def _stalling(every: int, seconds: float = 0.3) -> Any:
+    """A record listener that blocks soakd's event loop for ``seconds`` after every ``every``-th finished request
+    (a stop-the-world pause, a CPU limit)."""
     count = 0
 
     def stall(_rec: Any) -> None:
         nonlocal count
         count += 1
-        if count % 150 == 0:
-            time.sleep(0.3)
+        if count % every == 0:
+            time.sleep(seconds)
 
+    return stall
+
+
+@pytest.mark.timeout(120)
+async def test_soakd_stalling_now_and_then_is_charged_to_the_requests_it_overlapped(tmp_path: Path) -> None:
+    """soakd's own loop blocked for 900 ms after every 500th request (several seconds apart): the requests in
+    flight across each stall are impaired -- counted in the window's client summary and in
+    soakd_requests_impaired_total, left out of the latency -- and the windows (5 s) are judged on the rest: no
+    drift finding although each stall moves the latency of the requests it touched, and the run PASSes.
+    The bound is fixed at 600 ms (request_lag_relative 0): on a busy machine soakd's loop lags 100-350 ms
+    by itself, which the default bound (3x the run's p90 lag) would also follow."""
+    async with SimServer(SimConfig(**SIM)) as sim:
+        soak = Soak(soak_config(sim, tmp_path / "run", windows=6, window=5.0, warmup=1.0,
+                                analysis={"drift": {"baseline_windows": 2},
+                                          "client": {"request_max_lag": 0.6, "request_lag_relative": 0}}),
+                    record_listeners=(_stalling(500, 0.9),))
+        await soak.finish(60)
+    d, final = soak.daemon, soak.final
+    windows = [w for w in final["windows"] if not w["partial"]]
+    clients = [w.get("client") or {} for w in windows]
+    touched = sum(c.get("requests_impaired", 0) for c in clients)
+    assert touched > 0 and any(c.get("loop_lag_max_seconds", 0) >= 0.85 for c in clients), clients
+    for w, c in zip(windows, clients):  # an impaired request is counted, its latency left out
+        assert w["e2e_seconds"]["count"] <= w["requests"] - c.get("requests_impaired", 0), (w["window"], c)
+    impaired = [w["window"] for w, c in zip(windows, clients) if c.get("impaired")]
+    assert len(impaired) < len(windows) / 2, [(w["window"], c.get("impaired_reason")) for w, c in zip(windows, clients)]
+    assert not [f for f in d.analyzer.findings if f.kind == "drift" and f.severity != "info"], d.analyzer.findings
+    assert final["verdict"]["result"] == "PASS", final["verdict"]
+    assert final["verdict"]["judged"]["requests_impaired"] > 0
+    last = samples(d)
+    exported = sum(v for k, v in last.items() if k[0] == "soakd_requests_impaired_total")
+    assert exported >= touched, (exported, touched)
+    print(f"\nstalls charged per request: {touched} of {sum(w['requests'] for w in windows)} requests impaired; "
+          f"client-impaired windows {impaired}; verdict {final['verdict']['result']}")
+
+
+@pytest.mark.timeout(120)
+async def test_soakd_stalling_through_most_of_its_windows_is_client_impaired_and_inconclusive(tmp_path: Path) -> None:
+    """soakd's own loop blocked for 300 ms after every 40th request: it is stalled through most of every
+    window and most requests overlap a stall: every window is client-impaired (shown, not judged on
+    latency), exported, said as a 'client' event -- no drift finding although the stalls move every
+    latency -- and the run is INCONCLUSIVE. (The bound fixed at its default 100 ms, request_lag_relative 0: on
+    a busy machine soakd's own lags of 100-400 ms would raise the relative bound past the injected stalls.)"""
     async with SimServer(SimConfig(**SIM)) as sim:
         soak = Soak(soak_config(sim, tmp_path / "run", windows=8, window=2.0, warmup=1.0,
-                                analysis={"drift": {"baseline_windows": 2}, "client": DEFAULT_CLIENT}),
-                    record_listeners=(stall,))
+                                analysis={"drift": {"baseline_windows": 2}, "client": {"request_lag_relative": 0}}),
+                    record_listeners=(_stalling(40),))
         await soak.finish(60)
     d, final = soak.daemon, soak.final
     windows = [w for w in final["windows"] if not w["partial"]]
     impaired = [w["window"] for w in windows if (w.get("client") or {}).get("impaired")]
     assert impaired == [w["window"] for w in windows], [(w["window"], w.get("client")) for w in windows]
     c = windows[0]["client"]
-    assert c["loop_lag_max_seconds"] >= 0.25 and c["heartbeats"] > 50 and "one stall of" in c["impaired_reason"]
+    assert c["loop_lag_max_seconds"] >= 0.25 and c["heartbeats"] > 5 and "beyond 100 ms" in c["impaired_reason"]
     assert not [f for f in d.analyzer.findings if f.kind == "drift"], d.analyzer.findings
     assert d.analyzer.pool == [] and final["verdict"]["result"] == "INCONCLUSIVE", final["verdict"]
     by_window = soak.by_window()
@@ -904,11 +949,13 @@ async def test_a_kv_cache_saturated_and_stuck_is_named_as_such_and_pages_once(tm
 
 @pytest.mark.timeout(120)
 async def test_a_busy_server_near_a_full_kv_cache_that_keeps_generating_is_not_stuck(tmp_path: Path) -> None:
-    """A KV cache of 32 blocks for 16 requests of 2 blocks each (prompt and output within 32 tokens): usage up to 1, at times
-    pinned at or above 0.98 with 16 requests running (and preemptions counted), but tokens flow at the usual rate.
-    No 'KV cache saturated' (the window rule judges spans from ~0.33 s on), no wedge, the gauge 0 throughout."""
+    """A KV cache of 30 blocks for 16 requests of 2 blocks each (prompt and output within 32 tokens): usage up to 1,
+    pinned at or above 0.98 whenever 15 requests run (one waits; preemptions counted), but tokens flow at the usual
+    rate. No 'KV cache saturated' (the window rule judges spans from ~0.33 s on), no wedge, the gauge 0 throughout.
+    (Fewer blocks than the requests need, so the cache stays pinned even when a busy machine keeps soakd from
+    having all 16 in flight at once: the spans the rule judges do not need an idle machine.)"""
     seen: list[float] = []
-    async with SimServer(SimConfig(**SIM, kv_blocks_total=32)) as sim:
+    async with SimServer(SimConfig(**SIM, kv_blocks_total=30)) as sim:
         soak = Soak(soak_config(sim, tmp_path / "run", windows=5, window=2.0, warmup=1.0,
                                 analysis={"client": {"freeze_min": 1.0}, "drift": {"baseline_windows": 2},
                                           "kv_saturated": {"min_seconds": 0.25}}))
@@ -921,8 +968,10 @@ async def test_a_busy_server_near_a_full_kv_cache_that_keeps_generating_is_not_s
     kv_max = max(w["server"]["kv_cache_usage_ratio"]["max"] for w in windows)
     pinned = sum((w["server"].get("kv_saturated") or {}).get("seconds", 0.0) for w in windows)
     longest = max((w["server"].get("kv_saturated") or {}).get("longest_seconds", 0.0) for w in windows)
-    # the rule had pinned spans past its threshold (0.25 s, 3x the e2e p99 of ~0.11 s: ~0.33 s) to judge ...
-    assert kv_max >= 0.98 and longest >= 0.45, windows
+    # the rule had pinned spans past its threshold (0.25 s, 3x the baseline's e2e p99: ~0.33 s on an idle machine,
+    # more on a busy one) to judge ...
+    need = max(0.25, 3.0 * (d.analyzer.baseline.e2e_seconds.p99 or 0.0)) if d.analyzer.baseline is not None else 0.25
+    assert kv_max >= 0.98 and longest >= need, (need, windows)
     assert not [f for f in d.analyzer.findings if f.kind == "freeze"], d.analyzer.findings  # ... none stuck
     assert set(seen) == {0.0}
     print(f"\nbusy near-full KV cache: max usage {kv_max:.3f}, pinned {pinned:.1f} s over the windows (longest "

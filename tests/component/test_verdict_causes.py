@@ -26,7 +26,8 @@ from soakd.store import RunStore, StoreReader
 T0 = 1_700_000_000.0
 
 
-def _run(state: Path, impaired: set[int], n_windows: int = 8, small: set[int] = frozenset()) -> RunReport:
+def _run(state: Path, impaired: set[int], n_windows: int = 8, small: set[int] = frozenset(),
+         partly: dict[int, int] | None = None) -> RunReport:
     rng = random.Random(11)
     analyzer = Analyzer(AnalysisConfig(), planned_windows=n_windows)
     events: list[tuple] = []
@@ -42,6 +43,10 @@ def _run(state: Path, impaired: set[int], n_windows: int = 8, small: set[int] = 
                 if i in impaired:  # soakd's own loop stalled 412 ms: shown, not judged
                     w.client = ClientSummary(heartbeats=100, loop_lag_max_seconds=0.412, stall_seconds=3.5,
                                              impaired=True, impaired_reason="event-loop lag p99 412 ms")
+                if i in (partly or {}):  # some requests overlapped a stall of soakd's loop: counted, left out
+                    n = (partly or {})[i]
+                    w.client = ClientSummary(heartbeats=100, loop_lag_max_seconds=0.3, requests_impaired=n,
+                                             impaired_share=n / w.requests)
                 await store.save_window("r", i, 0, w, False)
                 analyzer.add_window(w)
             verdict = analyzer.verdict()
@@ -100,3 +105,18 @@ def test_pass_says_what_was_judged(tmp_path: Path) -> None:
             continue  # a passing case has no message
         assert "8 of 8 full windows judged" in text and "the smallest change a page catches within two windows" in text, name
         assert "e2e_p50" in text, name
+
+
+def test_requests_impaired_by_soakd_are_counted_and_the_window_judged_on_the_rest(tmp_path: Path) -> None:
+    """Windows with a few requests impaired by soakd's own stalls (under the share that would make them
+    client-impaired) are judged: the run PASSes, the verdict says how many requests were impaired, and the
+    window table notes them."""
+    report = _run(tmp_path / "s", impaired=set(), partly={3: 40, 5: 90})
+    v = report.verdict
+    assert v.result == "PASS" and v.judged is not None and v.judged.requests_impaired == 130
+    assert "130 of them" in v.judged.text() and "impaired by soakd's own stalls" in v.judged.text()
+    notes = {r.window: r.notes for r in report.table}
+    assert any("40 requests impaired by soakd's own stalls" in n for n in notes[3]), notes[3]
+    for name, text in _outputs(report).items():
+        if name != "junit":
+            assert "impaired by soakd's own stalls" in text, name

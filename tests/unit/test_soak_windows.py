@@ -5,6 +5,7 @@ run; and the run's window history (``soakd.analysis.engine.WindowHistory``)."""
 from __future__ import annotations
 
 from soakd.analysis.engine import WindowHistory
+from soakd.config.analysis import ClientConfig
 from soakd.core.records import Outcome, RequestRecord
 from soakd.core.series import series
 from soakd.core.summary import QuiesceProbe, WindowSummary
@@ -106,3 +107,115 @@ def test_the_history_keeps_the_run_error_rate_beyond_its_bound() -> None:
     assert len(h) == 3 and h.count == 11
     assert h.error_rate() == 50 / 1000
     assert [w.window for w in h.full()] == [8, 9]
+
+
+def _beats(ws: WindowSet, t0: float, t1: float, period: float = 0.5, stalls: dict[float, float] | None = None) -> None:
+    """The heartbeat from ``t0`` to ``t1``: a beat every ``period``, a beat ``lag`` late at each stall's end."""
+    stalls = dict(stalls or {})
+    t = t0
+    while t <= t1:
+        ws.add_lag(t, stalls.pop(t, 0.001))
+        t = round(t + period, 6)
+
+
+def test_a_request_that_overlapped_a_stall_is_impaired_and_left_out_of_the_latency() -> None:
+    """A 300 ms stall at 130.0 (reported by the beat at 130.0): the request in flight across it is counted,
+    impaired, its tokens in the throughput, its latency in no sketch; the one before and after are not."""
+    clock = ManualClock(100.0)
+    ws = _set(clock)
+    settled: list[tuple[float, bool]] = []
+    ws.on_settled = lambda rec, gaps, bad: settled.append((rec.t_start_ns / 1e9, bad))
+    _beats(ws, 110.0, 125.0)
+    recs = []
+    for t in (126.0, 129.6, 129.9, 131.0):  # each lasts 30 ms
+        clock.now = t
+        r = _record(0, t)
+        r.t_sent = t  # the window set's clock and the record's are the same here
+        ws.started(r)
+        r.t_sent = t
+        recs.append(r)
+    for r in recs:
+        ws.finished(r, [0.01])
+    assert ws.pending == 4  # each ended after the last beat: it waits for the heartbeat
+    _beats(ws, 125.5, 169.5, stalls={130.0: 0.3})
+    assert ws.pending == 0 and settled == [(126.0, False), (129.6, False), (129.9, True), (131.0, False)]
+    (w,) = ws.close_due(171.0)
+    c = w.client
+    assert w.requests == 4 and w.e2e_seconds.count == 3 and w.ttft_seconds.count == 3 and w.completion_tokens == 8
+    assert c is not None and c.requests_impaired == 1 and c.impaired_share == 0.25
+    assert abs(c.request_stall_seconds - 0.3) < 1e-9 and c.impaired  # 1 of 4 is more than a fifth
+    assert "1 of 4 requests (25.0%) overlapped a stall" in (c.impaired_reason or "")
+
+
+def test_a_stall_is_charged_to_the_windows_it_covered_not_to_the_next() -> None:
+    """soakd stopped from 160 to 185 (SIGSTOP): the heartbeat's first beat after it, at 185, reports a
+    25 s lag: 10 s of it fall in window 0 ([110, 170)), 15 s in window 1, none at all in window 2."""
+    clock = ManualClock(100.0)
+    ws = WindowSet(Timeline(100.0, 10.0, 60.0, 250.0), patience=5.0, clock=clock, heartbeat_period=0.5)
+    _beats(ws, 110.0, 160.0)
+    _beats(ws, 185.0, 245.0, stalls={185.0: 25.0})
+    w0, w1 = ws.close_due(231.0)
+    assert abs(w0.client.request_stall_seconds - 10.0) < 1e-6 and abs(w1.client.request_stall_seconds - 15.0) < 1e-6
+    assert w0.client.loop_lag_max_seconds == 25.0 and not w0.client.impaired  # 10 s of 60: a sixth
+    assert w1.client.impaired and "15.00 s (25.0% of the window)" in (w1.client.impaired_reason or "")
+    (w2,) = ws.close_due(245.2, final=True)
+    assert w2.client.request_stall_seconds == 0.0 and not w2.client.impaired
+
+
+def test_a_close_right_after_soakd_was_stopped_charges_the_silence_it_sees() -> None:
+    """The close runs before the heartbeat's first beat after a stop (the order of callbacks after a
+    SIGCONT): the silence since the last beat is charged at once, to the window it covered; the beat's
+    own report of it later adds nothing twice."""
+    clock = ManualClock(100.0)
+    ws = WindowSet(Timeline(100.0, 10.0, 60.0, 250.0), patience=5.0, clock=clock, heartbeat_period=0.5)
+    _beats(ws, 110.0, 150.0)
+    (w0,) = ws.close_due(171.0)  # stopped after the beat at 150 (due at 150.5) to 171: 19.5 s of window 0, 1 s of window 1
+    assert w0.client.impaired and abs(w0.client.request_stall_seconds - 19.5) < 1e-6
+    ws.add_lag(171.0, 20.99)  # the heartbeat's own report: already charged
+    _beats(ws, 171.5, 231.0)
+    (w1,) = ws.close_due(231.0)
+    assert abs(w1.client.request_stall_seconds - 1.0) < 1e-6
+
+
+def test_a_request_waits_for_the_heartbeat_but_never_for_long() -> None:
+    """With the runtime's heartbeat (period 10 ms) a finished request waits for the next beat; should the
+    heartbeat stop beating, a close still settles what ended more than a second ago (the silence charged)."""
+    clock = ManualClock(100.0)
+    ws = WindowSet(Timeline(100.0, 10.0, 60.0, 250.0), patience=5.0, clock=clock, heartbeat_period=0.01)
+    ws.add_lag(120.0, 0.001)
+    r = _record(0, 121.0)
+    clock.now = 121.0
+    ws.started(r)
+    ws.finished(r, [0.01])
+    assert ws.pending == 1
+    assert ws.close_due(121.5) == [] and ws.pending == 1  # half a second: still waiting for a beat
+    ws.close_due(122.5)
+    assert ws.pending == 0  # the heartbeat is silent: settled, as impaired (the silence overlapped it)
+    (w,) = ws.close_due(171.0)
+    assert w.requests == 1 and w.client.requests_impaired == 1 and w.e2e_seconds.count == 0
+
+
+def test_a_lag_the_run_always_has_impairs_nothing_an_unusual_one_does() -> None:
+    """With request_lag_relative 3 (optional): soakd on a busy core, every heartbeat 150 ms late, all run long
+    (beyond request_max_lag, 100 ms): it moves every window alike, so the bound follows the run's own p90 (x3:
+    450 ms) and no request is impaired; a 2 s stall in the middle is beyond it, and impairs the request it
+    overlapped. By default (0) the bound stays at 100 ms."""
+    assert WindowSet(Timeline(100.0, 10.0, 60.0, 250.0)).lag_relative == 0.0
+    clock = ManualClock(100.0)
+    ws = WindowSet(Timeline(100.0, 10.0, 60.0, 250.0), patience=5.0, clock=clock,
+                   client=ClientConfig(request_lag_relative=3.0))
+    t = 100.0
+    while t < 130.0:  # warm-up and the first 20 s of window 0: a beat every 160 ms, 150 ms late
+        t = round(t + 0.16, 6)
+        ws.add_lag(t, 0.15)
+    assert abs(ws.lag_bound - 0.45) < 0.01
+    for start in (130.5, 133.0):
+        clock.now = start
+        r = _record(0, start)
+        ws.started(r)
+        r.t_sent = start
+        ws.finished(r, [0.01])
+    ws.add_lag(131.0, 0.15)
+    ws.add_lag(135.0, 2.0)  # soakd stopped 2 s: [133.0, 135.0]
+    (w,) = ws.close_due(171.0)
+    assert w.client.requests_impaired == 1 and w.e2e_seconds.count == 1

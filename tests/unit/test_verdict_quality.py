@@ -2,7 +2,7 @@
 windows of 30 minutes, 3,000 requests each) through the real path on simulated time, so each case is
 deterministic on any machine. The benchmark measures the rates over hundreds of seeds; these pin a
 few runs of each kind: healthy servers pass, regressions fail naming the right window, soakd's own
-stalls make the run INCONCLUSIVE."""
+stalls are charged to the requests they overlap, and the run is judged on the rest."""
 
 from __future__ import annotations
 
@@ -57,9 +57,17 @@ def test_leaks_periodic_drops_freezes(vq: ModuleType) -> None:
     assert freeze.freeze and freeze.failed and all(x.startswith("freeze:") for x in freeze.reasons), freeze.reasons
 
 
-def test_soakd_stalls_are_inconclusive_and_a_restart_is_reported(vq: ModuleType) -> None:
-    stall = run(vq, "client-stall")
-    assert stall.inconclusive and not stall.failed and stall.impaired_windows == 24
+def test_soakd_stalls_are_charged_per_request_and_a_restart_is_reported(vq: ModuleType) -> None:
+    """soakd's own loop stalled 300 ms every 20 s: the requests in flight across a stall (a few percent)
+    are impaired and left out; every window is judged and the run passes -- and a +10% step under the
+    same stalls still fails at its window."""
+    for name in ("client-stall", "client-stall-busy"):
+        stall = run(vq, name)
+        assert not stall.inconclusive and not stall.failed and stall.impaired_windows == 0, (name, stall.reasons)
+        assert 0.02 < stall.impaired_share < 0.2, (name, stall.impaired_share)
+    step = run(vq, "client-stall-step-10")
+    assert step.failed and step.fail_window is not None and 11 <= step.fail_window <= 14, (step.fail_window,
+                                                                                          step.reasons)
     restart = run(vq, "restart")
     assert restart.restart_reported and not [x for x in restart.reasons if x.startswith(("drift", "leak"))]
     assert [x.split(":")[0] for x in restart.reasons] == ["errors"]  # the lost window's errors, nothing else
