@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from soakd.analysis import leak as leak_mod
 from soakd.analysis import throttle as throttle_mod
-from soakd.analysis.diagnosis import diagnose
+from soakd.analysis.diagnosis import diagnose, performance_drift
 from soakd.analysis.drift import DriftResult
 from soakd.analysis.freeze import freeze_finding, freeze_threshold, wedge_finding
 from soakd.analysis.gpu_errors import GpuErrors
@@ -126,18 +126,28 @@ class ThrottleState:
 
 
 class ThrottleDetector(_Quiet):
-    """Clocks-event reasons against the SM clock and latency (``soakd.analysis.throttle``)."""
+    """Clocks-event reasons against the SM clock and latency (``soakd.analysis.throttle``): the clock's
+    reference and noise from the baseline pool (``pool``: the drift detector's), the windows in a row
+    whose clock was beyond that noise, and the window's latency or throughput drift."""
 
     name = "throttle"
     partial = True
 
-    def __init__(self, cfg: AnalysisConfig) -> None:
+    def __init__(self, cfg: AnalysisConfig, pool: Callable[[], list[Window]] | None = None) -> None:
         self.cfg = cfg
+        self.pool = pool or (lambda: [])
         self._state = ThrottleState()
+        self.beyond = 0  # consecutive full windows, up to the last, whose clock was beyond its noise
 
     def add(self, w: Window, ctx: WindowContext) -> None:
-        perf = any(r.flagged and r.direction == "degraded" and r.metric != "error_rate" for r in ctx.drift)
-        results = throttle_mod.evaluate(w, ctx.baseline, self.cfg.throttle, latency_drift=perf)
+        perf = bool(performance_drift(ctx.drift))
+        pool = self.pool()
+        in_pool = any(p.window == w.window for p in pool)
+        ref = throttle_mod.clock_reference(pool, self.cfg.throttle) if pool and not in_pool else None
+        results = throttle_mod.evaluate(w, None if in_pool else ctx.baseline, self.cfg.throttle, latency_drift=perf,
+                                        reference=ref, beyond_before=self.beyond)
+        if not w.partial:
+            self.beyond = max((t.beyond_windows for t in results), default=0)
         self._state = ThrottleState(any(t.detected for t in results), tuple(results))
         ctx.throttles = results
 
@@ -146,23 +156,34 @@ class ThrottleDetector(_Quiet):
 
 
 class PowerCapDetector(_Quiet):
-    """A power or thermal reason active with the SM clock and latency where they were at the baseline: a
-    GPU at its limit under full load, named once as healthy (after the diagnosis, which names throttling)."""
+    """A power or thermal reason active without an impact (the SM clock within its noise of the baseline
+    pool's, or latency and throughput where they were): a GPU at its limit under full load, named as
+    healthy (after the diagnosis, which names throttling) once, and once more the first time its clock
+    is beyond its noise with latency steady. Never fails the run."""
 
     name = "power_cap"
 
     def __init__(self) -> None:
         self.reported = False
+        self.reported_low = False  # the clock beyond its noise, latency steady: said once too
 
     def add(self, w: Window, ctx: WindowContext) -> None:
         capped = [t for t in ctx.throttles if t.active and not t.impact and t.sm_clock_reference_kind == "baseline"]
-        if capped and not self.reported:
+        low = [t for t in capped if t.beyond_noise]
+        if capped and not low and not self.reported:
             self.reported = True
             ctx.findings.append(Finding(
                 kind="throttle", diagnosis="power-capped, healthy", severity="info",
-                message="; ".join(t.message() for t in capped) + ": the SM clock holds the baseline's and latency "
-                "has not drifted, so this is a GPU running at its limit under full load, not throttling",
+                message="; ".join(t.message() for t in capped) + ": the SM clock is within its noise of the "
+                "baseline's, so this is a GPU running at its limit under full load, not throttling",
                 evidence={"throttle": [t.to_dict() for t in capped]}, window=w.window))  # fmt: skip
+        elif low and not self.reported_low:
+            self.reported = self.reported_low = True
+            ctx.findings.append(Finding(
+                kind="throttle", diagnosis="power-capped, healthy", severity="info",
+                message="; ".join(t.message() for t in low) + ": the SM clock is below the baseline's but latency "
+                "and throughput have not moved, so the GPU's limit costs nothing measurable: not throttling",
+                evidence={"throttle": [t.to_dict() for t in low]}, window=w.window))  # fmt: skip
 
     def state(self) -> bool:
         return self.reported

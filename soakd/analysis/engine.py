@@ -138,7 +138,7 @@ class Analyzer:
         self.history = history if history is not None else WindowHistory()
         # the detectors, in the order a window goes through them
         self.drift_detector = DriftDetector(config, self.z_live, baseline)
-        self.throttle = ThrottleDetector(config)
+        self.throttle = ThrottleDetector(config, pool=lambda: self.drift_detector.pool)
         self.leak = LeakDetector(config)
         self.gpu = GpuErrorDetector()
         self.diagnosis = DiagnosisDetector(config)
