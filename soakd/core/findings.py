@@ -119,8 +119,9 @@ DIAGNOSES: dict[str, Diagnosis] = {d.name: d for d in (
        "latency or throughput drift while a power or thermal clocks-event reason is active",
        "cooling (airflow, inlet temperature), power cap and power-brake settings, SM clock history",
        ("throttle", "drift")),
-    _d("power-capped, healthy", "throttle", "info", "gpu", "soakdgputhrottling",
-       "a power or thermal clocks-event reason active with the SM clock and latency where they were at the baseline",
+    _d("power-capped, healthy", "throttle", "info", "gpu", "soakdgpupowercapped",
+       "a power or thermal clocks-event reason active without an impact: the SM clock within its noise of the "
+       "baseline pool's, or latency and throughput where they were",
        "nothing: the GPU runs at its limit under full load", ("throttle",), fails=False),
     _d("KV cache not released", "leak", "critical", "memory", "soakdkvcachenotreleased",
        "memory that keeps rising: idle KV usage that does not return to its first idle value",
