@@ -27,6 +27,7 @@ from soakd.analysis.drift import DriftResult
 from soakd.analysis.freeze import freeze_finding, freeze_threshold, wedge_finding
 from soakd.analysis.gpu_errors import GpuErrors
 from soakd.analysis.kvsat import kv_saturated_finding
+from soakd.analysis.leak_page import live_confidence, withdrawn_finding
 from soakd.analysis.restarts import ServerRestarts
 from soakd.config.analysis import AnalysisConfig
 from soakd.core.findings import Finding
@@ -200,18 +201,29 @@ class LeakState:
 
 class LeakDetector(_Quiet):
     """The run's leak judgement of every memory source after each window (``soakd.analysis.leak``):
-    what became suspected (named once), what was revised, a staircase and its later steps."""
+    what became suspected (named once), what was revised, a staircase and its later steps.
+
+    The judgement after each window is one of many looks at a growing series: it is made at
+    ``live_confidence`` (by default the run's ``1 - confidence`` spread over its planned looks), and
+    the run's last judgement (``finish``) once more at ``confidence``. A source paged live that the
+    last judgement clears is said: a 'leak page withdrawn' warning with the rate it was paged at."""
 
     name = "leak"
     partial = True  # judged after a partial window too (its findings wait for a full one)
 
-    def __init__(self, cfg: AnalysisConfig) -> None:
+    def __init__(self, cfg: AnalysisConfig, planned_windows: int = 48) -> None:
         self.cfg = cfg
         self.leaks: dict[str, leak_mod.LeakResult] = {}
+        self.paged: dict[str, tuple[int | None, leak_mod.LeakResult]] = {}  # source -> (window, first suspected)
+        self.live_cfg = cfg.leak.model_copy(update={"confidence": live_confidence(cfg.leak, planned_windows)})
+        self.finished = False
 
     def add(self, w: Window, ctx: WindowContext) -> None:
         before = self.leaks
-        leaks = leak_mod.evaluate(ctx.full, self.cfg.leak)
+        leaks = leak_mod.evaluate(ctx.full, self.live_cfg)
+        for lk in leaks:
+            if lk.suspected and lk.source not in self.paged:
+                self.paged[lk.source] = (None if ctx.partial else w.window, lk)
         ctx.new_leaks = [lk for lk in leaks if lk.suspected and not (before.get(lk.source)
                                                                    and before[lk.source].suspected)]
         revised = [lk for lk in leaks if not lk.suspected and before.get(lk.source) is not None
@@ -229,6 +241,28 @@ class LeakDetector(_Quiet):
             ctx.emit("leak", "info", f"leak finding revised: {lk.message()}", lk.to_dict(), w.window)
         for lk in more_steps:
             ctx.emit("leak", "info", f"memory steps: another step: {lk.message()}", lk.to_dict(), w.window)
+
+    def finish(self, ctx: RunContext) -> list[Finding]:
+        """The run's last judgement, one look at ``confidence``: a leak it finds that no window named is a
+        finding now; a source paged during the run that it clears is a 'leak page withdrawn' warning."""
+        if self.finished or not ctx.full:
+            return []
+        self.finished = True
+        leaks = leak_mod.evaluate(ctx.full, self.cfg.leak)
+        self.leaks = {lk.source: lk for lk in leaks}
+        out: list[Finding] = []
+        for lk in leaks:
+            if not lk.suspected or lk.source in self.paged:
+                continue
+            diag = "KV cache not released" if lk.source in ("kv_cache", "kv_residue") else "memory leak"
+            out.append(Finding(kind="leak", diagnosis=diag, severity="critical",
+                               message=f"the run's last leak judgement: {lk.message()}", evidence=lk.to_dict()))
+        for source, (window, paged) in self.paged.items():
+            last = self.leaks.get(source)
+            if last is None or last.suspected:
+                continue
+            out.append(withdrawn_finding(window, paged, last))
+        return out
 
     def state(self) -> LeakState:
         return LeakState(dict(self.leaks))

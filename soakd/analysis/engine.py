@@ -139,7 +139,7 @@ class Analyzer:
         # the detectors, in the order a window goes through them
         self.drift_detector = DriftDetector(config, self.z_live, baseline)
         self.throttle = ThrottleDetector(config, pool=lambda: self.drift_detector.pool)
-        self.leak = LeakDetector(config)
+        self.leak = LeakDetector(config, self.planned_windows)
         self.gpu = GpuErrorDetector()
         self.diagnosis = DiagnosisDetector(config)
         self.freeze = FreezeDetector(config)
@@ -425,4 +425,5 @@ class Analyzer:
             leaks=[lk.to_dict() for lk in self.leaks.values() if lk.status != "no_data"],
             periodic=self.periodic.to_dict() if self.periodic is not None else None,
             ab=[r.to_dict() for r in self.ab.run or []] if self.ab is not None else None,
+            notes=[f for f in self.findings if f.diagnosis == "leak page withdrawn"],
         )  # fmt: skip

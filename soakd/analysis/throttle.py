@@ -97,13 +97,18 @@ def clock_mean(w: Window) -> float | None:
 
 
 def clock_reference(pool: list[Window], cfg: ThrottleConfig | None = None) -> ClockReference | None:
-    """The reference from the pool windows that have an SM clock: their mean, the spread of their means
+    """The reference from the pool windows that have an SM clock (those not throttled by heat or the power
+    brake, when any are left): their mean, the spread of their means
     (relative, at least ``clock_noise_floor``), and the one-sided prediction bound for one more window
     mean, ``t(clock_confidence, n - 1) x spread x sqrt(1 + 1/n)`` (a single window: the normal
     quantile on the floor), at least ``clock_drop_ratio``."""
     from scipy import stats  # noqa: PLC0415  (only where a pool is judged)
 
     cfg = cfg or ThrottleConfig()
+    # a pool window throttled by heat (or the power brake) is no reference for the clock: a steady power cap is
+    hot = {w.window for w in pool if any((_num(v) or 0.0) > cfg.max_share for r, v in (w.device.throttle_share or {}).items()
+                                         if r in cfg.reasons and r != "sw_power_cap")}
+    pool = [w for w in pool if w.window not in hot] or pool
     means = [m for m in (clock_mean(w) for w in pool) if m]
     if not means:
         return None

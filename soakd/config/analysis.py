@@ -168,6 +168,14 @@ class LeakConfig(_Model):
         "quiesce probe, when it grows significantly from probe to probe.",
     )
     confidence: float = Field(0.95, gt=0.5, lt=1, description="Confidence of Sen's slope interval.")
+    live_confidence: float | None = Field(
+        None,
+        gt=0.5,
+        lt=1,
+        description="Confidence of the judgement after each window (what soakd_memory_leak_suspected and its page "
+        "show): it is made at every window, so null (the default) spreads 1 - confidence over the run's planned "
+        "judgements (Bonferroni: planned windows - min_windows + 1); the run's last judgement uses confidence.",
+    )
     exhaustion_budget_hours: float = Field(
         168.0,
         gt=0,

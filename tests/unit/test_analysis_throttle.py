@@ -138,3 +138,12 @@ def test_impact_needs_consecutive_windows_beyond_the_noise_or_a_drop_far_beyond_
     assert thermal(deep, 0).detected
     assert not next(r for r in evaluate(deep, None, ThrottleConfig(clock_immediate_factor=4.0), reference=ref,
                                         latency_drift=True, beyond_before=0) if r.reason == "hw_thermal").detected
+
+
+def test_a_pool_window_throttled_by_heat_is_no_clock_reference() -> None:
+    pool = [window(0, shares={"sw_power_cap": 1.0}, sm_mean=1.75e9), window(1, shares={}, sm_mean=1.76e9),
+            window(2, shares={"hw_thermal": 0.6}, sm_mean=1.2e9), window(3, shares={"sw_power_cap": 0.5}, sm_mean=1.74e9)]
+    ref = clock_reference(pool)
+    assert ref is not None and ref.windows == 3 and ref.hertz == pytest.approx(1.75e9)
+    hot = [window(i, shares={"sw_thermal": 0.5}, sm_mean=1.5e9 + i * 1e7) for i in range(2)]
+    assert clock_reference(hot).windows == 2  # nothing else: the pool as it is
