@@ -446,9 +446,10 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
     source = closed_loop(cell, rng) if cell.noise == "closed" else arrivals(cell, rng, clock_path)
     next_sample = 15.0
     # the probes' times from soakd's own schedule (the runtime's: soakd.soak.quiesce.QuiesceProber.schedule)
-    probe_times = iter(ProbeSchedule.seeded(tl.first_window_start, cell.window_s, cfg.quiesce.jitter, seed,
-                                            end=tl.end, min_remaining=min(cell.window_s / 2, 60.0))
-                       .times(tl.end))
+    probe_times = iter(ProbeSchedule.seeded(
+        tl.first_window_start, cell.window_s, cfg.quiesce.jitter, seed, end=tl.end,
+        min_remaining=min(cell.window_s / 2, 60.0),
+        duration=min(cfg.quiesce.drain_timeout, cell.window_s / 4) + cfg.quiesce.settle).times(tl.end))
     next_probe = next(probe_times, math.inf)
     live_leak = False
     live_throttle = False

@@ -27,7 +27,7 @@ from soakd.analysis.drift import DriftResult
 from soakd.analysis.freeze import freeze_finding, freeze_threshold, wedge_finding
 from soakd.analysis.gpu_errors import GpuErrors
 from soakd.analysis.kvsat import kv_saturated_finding
-from soakd.analysis.leak_page import live_confidence, withdrawn_finding
+from soakd.analysis.leak_page import live_confidence, paged_from, withdrawn_finding
 from soakd.analysis.restarts import ServerRestarts
 from soakd.config.analysis import AnalysisConfig
 from soakd.core.findings import Finding
@@ -127,9 +127,8 @@ class ThrottleState:
 
 
 class ThrottleDetector(_Quiet):
-    """Clocks-event reasons against the SM clock and latency (``soakd.analysis.throttle``): the clock's
-    reference and noise from the baseline pool (``pool``: the drift detector's), the windows in a row
-    whose clock was beyond that noise, and the window's latency or throughput drift."""
+    """Clocks-event reasons against the SM clock (its reference and noise from the drift detector's baseline
+    ``pool``, the windows in a row beyond that noise) and latency (``soakd.analysis.throttle``)."""
 
     name = "throttle"
     partial = True
@@ -147,8 +146,7 @@ class ThrottleDetector(_Quiet):
         ref = throttle_mod.clock_reference(pool, self.cfg.throttle) if pool and not in_pool else None
         results = throttle_mod.evaluate(w, None if in_pool else ctx.baseline, self.cfg.throttle, latency_drift=perf,
                                         reference=ref, beyond_before=self.beyond)
-        if not w.partial:
-            self.beyond = max((t.beyond_windows for t in results), default=0)
+        self.beyond = self.beyond if w.partial else max((t.beyond_windows for t in results), default=0)
         self._state = ThrottleState(any(t.detected for t in results), tuple(results))
         ctx.throttles = results
 
@@ -242,13 +240,17 @@ class LeakDetector(_Quiet):
         for lk in more_steps:
             ctx.emit("leak", "info", f"memory steps: another step: {lk.message()}", lk.to_dict(), w.window)
 
+    def restore_page(self, f: Finding) -> None:  # resume: a page an earlier segment raised (its finding)
+        page = paged_from(f)
+        if page is not None and page[1].source not in self.paged:
+            self.paged[page[1].source] = page
+
     def finish(self, ctx: RunContext) -> list[Finding]:
         """The run's last judgement, one look at ``confidence``: a leak it finds that no window named is a
         finding now; a source paged during the run that it clears is a 'leak page withdrawn' warning."""
         if self.finished or not ctx.full:
             return []
-        self.finished = True
-        leaks = leak_mod.evaluate(ctx.full, self.cfg.leak)
+        self.finished, leaks = True, leak_mod.evaluate(ctx.full, self.cfg.leak)
         self.leaks = {lk.source: lk for lk in leaks}
         out: list[Finding] = []
         for lk in leaks:
@@ -257,11 +259,8 @@ class LeakDetector(_Quiet):
             diag = "KV cache not released" if lk.source in ("kv_cache", "kv_residue") else "memory leak"
             out.append(Finding(kind="leak", diagnosis=diag, severity="critical",
                                message=f"the run's last leak judgement: {lk.message()}", evidence=lk.to_dict()))
-        for source, (window, paged) in self.paged.items():
-            last = self.leaks.get(source)
-            if last is None or last.suspected:
-                continue
-            out.append(withdrawn_finding(window, paged, last))
+        out += [withdrawn_finding(window, paged, self.leaks[source]) for source, (window, paged) in self.paged.items()
+                if source in self.leaks and not self.leaks[source].suspected]
         return out
 
     def state(self) -> LeakState:

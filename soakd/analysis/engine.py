@@ -215,6 +215,7 @@ class Analyzer:
             self.finding_counts[key] = self.finding_counts.get(key, 0) + 1
             if f.fails:
                 self.failing_findings.append(f)
+            self.leak.restore_page(f)
 
     def add_window(self, w: Window) -> list[Finding]:
         """A closed window through every detector (a partial one through those that take it); its findings

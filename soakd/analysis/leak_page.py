@@ -12,7 +12,7 @@ from soakd.analysis import leak as leak_mod
 from soakd.config.analysis import LeakConfig
 from soakd.core.findings import Finding
 
-__all__ = ["live_confidence", "withdrawn_finding"]
+__all__ = ["live_confidence", "paged_from", "withdrawn_finding"]
 
 
 def live_confidence(cfg: LeakConfig, planned_windows: int) -> float:
@@ -21,6 +21,18 @@ def live_confidence(cfg: LeakConfig, planned_windows: int) -> float:
     looks = max(1, planned_windows - cfg.min_windows + 1)
     live = cfg.live_confidence if cfg.live_confidence is not None else 1.0 - (1.0 - cfg.confidence) / looks
     return max(cfg.confidence, live)
+
+
+def paged_from(f: Finding) -> tuple[int | None, leak_mod.LeakResult] | None:
+    """A leak page as a stored finding shows it (resume): (its window, the judgement it was made on)."""
+    if f.kind != "leak" or f.diagnosis not in ("memory leak", "KV cache not released") or not f.evidence.get("source"):
+        return None
+    fields = leak_mod.LeakResult.__dataclass_fields__
+    try:
+        lk = leak_mod.LeakResult(**{k: v for k, v in f.evidence.items() if k in fields})
+    except TypeError:  # an earlier release's evidence without every field
+        return None
+    return f.window, lk
 
 
 def withdrawn_finding(window: int | None, paged: leak_mod.LeakResult, last: leak_mod.LeakResult) -> Finding:

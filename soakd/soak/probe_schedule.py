@@ -18,12 +18,14 @@ __all__ = ["ProbeSchedule"]
 class ProbeSchedule:
     """Probe ``k`` falls in the slot ``[first + k * interval, first + (k + 1) * interval)`` (``first``:
     the warm-up's end; with the default interval the slots are the windows), at
-    ``slot start + interval * (0.5 + jitter * (u_k - 0.5))``, ``u_k`` uniform from ``rng``: ``jitter``
-    0 is the middle of every slot (the fixed phase of earlier releases), 1 anywhere in it. The draws
-    are made in slot order and kept, so the times do not depend on when they are asked for."""
+    ``slot start + span * (0.5 + jitter * (u_k - 0.5))``, ``u_k`` uniform from ``rng`` and ``span`` the
+    interval less ``duration`` (the longest a probe takes: drain timeout and settle), so that a probe
+    ends inside its slot: ``jitter`` 0 is the middle of the span (the fixed phase of earlier releases,
+    with no duration), 1 anywhere in it. The draws are made in slot order and kept, so the times do not
+    depend on when they are asked for."""
 
     def __init__(self, first_slot_start: float, interval: float, jitter: float, rng: random.Random,
-                 end: float | None = None, min_remaining: float = 0.0) -> None:
+                 end: float | None = None, min_remaining: float = 0.0, duration: float = 0.0) -> None:
         if interval <= 0:
             raise ValueError(f"interval must be positive, got {interval}")
         if not 0.0 <= jitter <= 1.0:
@@ -34,21 +36,22 @@ class ProbeSchedule:
         self.rng = rng
         self.end = end
         self.min_remaining = min_remaining
+        self.span = max(interval - max(duration, 0.0), interval / 2)  # a probe longer than half a slot: the first half
         self._times: list[float] = []
         self._next = 0  # the first slot whose probe has not been taken (``due``)
 
     @classmethod
     def seeded(cls, first_slot_start: float, interval: float, jitter: float, seed: int, end: float | None = None,
-               min_remaining: float = 0.0) -> ProbeSchedule:
+               min_remaining: float = 0.0, duration: float = 0.0) -> ProbeSchedule:
         """The run's schedule: its own RNG from the run's seed (the traffic's stream is not touched)."""
-        return cls(first_slot_start, interval, jitter, random.Random(f"quiesce:{seed}"), end, min_remaining)
+        return cls(first_slot_start, interval, jitter, random.Random(f"quiesce:{seed}"), end, min_remaining, duration)
 
     def time(self, k: int) -> float:
         """Probe ``k``'s time."""
         while len(self._times) <= k:
             i = len(self._times)
             u = self.rng.random()
-            self._times.append(self.first + i * self.interval + self.interval * (0.5 + self.jitter * (u - 0.5)))
+            self._times.append(self.first + i * self.interval + self.span * (0.5 + self.jitter * (u - 0.5)))
         return self._times[k]
 
     def slot(self, t: float) -> int:

@@ -52,7 +52,8 @@ class QuiesceProber:
         # slots from the first window's start (the interval's middle: the first probe of earlier releases)
         self.schedule = ProbeSchedule.seeded(timeline.first_window_start, policies.quiesce_interval,
                                              policies.quiesce_jitter, policies.seed, end=timeline.end,
-                                             min_remaining=policies.quiesce_min_remaining)
+                                             min_remaining=policies.quiesce_min_remaining,
+                                             duration=policies.quiesce_drain_timeout + cfg.settle)
 
     async def maybe_probe(self) -> QuiesceProbe | None:
         """The scheduler's job (every tick): a probe when the schedule says one is due."""

@@ -42,6 +42,9 @@ def test_the_probe_times_spread_over_the_middle_jitter_share_of_each_slot() -> N
     assert s.time(1) == pytest.approx(100.0 + 1800 + 1710.0)  # drawn once, kept
     mid = ProbeSchedule(0.0, 1800.0, 0.0, FixedRng([0.9, 0.1]))  # jitter 0: the middle (the old fixed phase)
     assert [mid.time(0), mid.time(1)] == [900.0, 2700.0]
+    # a probe that takes up to 62 s (drain timeout and settle) ends inside its slot
+    fit = ProbeSchedule(0.0, 1800.0, 1.0, FixedRng([0.0, 1.0]), duration=62.0)
+    assert [fit.time(0), fit.time(1)] == pytest.approx([0.0, 1800.0 + 1738.0])
     with pytest.raises(ValueError, match="jitter"):
         ProbeSchedule(0.0, 1800.0, 1.5, random.Random(1))
     with pytest.raises(ValueError, match="interval"):
@@ -158,3 +161,20 @@ def test_a_leak_the_live_bound_has_not_reached_is_found_by_the_last_judgement() 
             assert end[0].message.startswith("the run's last leak judgement: device_memory")
             found.append(seed)
     assert found, "no seed where only the last judgement found the leak"
+
+
+def test_a_resumed_run_knows_the_pages_of_its_earlier_segments() -> None:
+    """The page raised before a restart is the one the end withdraws (or confirms), not a new finding."""
+    rng = random.Random(5)
+    mem = [(1800.0 * i + 900.0, 150.0 * min(i, 10) / 2 + rng.gauss(0, 5)) for i in range(30)]
+    first = _run(mem[:16])
+    paged = [f for f in first.findings if f.diagnosis == "memory leak"]
+    assert paged
+    resumed = Analyzer(AnalysisConfig(), planned_windows=30)
+    ws = _windows(mem)
+    resumed.restore(ws[:16], ws[0], first.findings)
+    for w in ws[16:]:
+        resumed.add_window(w)
+    resumed.verdict()
+    (w,) = [f for f in resumed.findings if f.diagnosis == "leak page withdrawn"]
+    assert w.evidence["paged_window"] == paged[0].window
