@@ -60,6 +60,8 @@ from soakd.core.records import Outcome, RequestRecord  # noqa: E402
 from soakd.core.series import Series  # noqa: E402
 from soakd.core.summary import QuiesceProbe  # noqa: E402
 from soakd.core.timeline import ManualClock, Timeline  # noqa: E402
+from soakd.analysis.engine import LEAK_SOURCES_BYTES  # noqa: E402
+from soakd.soak.probe_schedule import ProbeSchedule  # noqa: E402
 from soakd.soak.windows import WindowSet  # noqa: E402
 
 MIB = 2**20
@@ -112,6 +114,14 @@ class Cell:
     events: int = 0
     pareto: float = 0.0
     interval_s: float = 0.0
+    # issue 21 items 3, 4: a wandering SM clock, thermal throttling, a garbage collector's sawtooth
+    clock_wander_sd: float = 0.0  # the SM clock times exp(x), x AR(1) of this sd (power cap: the clock wanders)
+    clock_wander_s: float = 900.0  # ... and this memory (seconds)
+    latency_clock_exp: float = 0.0  # latency x (reference clock / clock) ** this (0: latency ignores the clock)
+    throttle_at: int | None = None  # from this window hw_thermal is active and the SM clock drops by throttle_drop
+    throttle_drop: float = 0.10
+    gc_mib: float = 0.0  # a garbage collector's sawtooth on top of the memory pattern: this many MiB up, released
+    gc_period_s: tuple[float, float] = (1500.0, 2100.0)  # its period, drawn per run in this range
 
 
 CELLS: tuple[Cell, ...] = (
@@ -226,6 +236,27 @@ CELLS: tuple[Cell, ...] = (
     Cell("client-stall-busy", "a busy node: soakd stalled 150 ms every 10 s, no fault",
          "PASS (judged, not INCONCLUSIVE) >= 98%", stall_every_s=10, stall_s=0.15, expect="judged_pass",
          limit=0.98),
+    # issue 21 items 3 and 4: a power cap whose clock wanders, thermal throttling that costs latency, a garbage
+    # collector's sawtooth near the window length under the quiesce probes (their times from soakd's own schedule)
+    Cell("power-cap-wander", "GPU at its power cap, SM clock wandering sd 2% (15-min memory), latency barely moving",
+         "FAIL or throttle page <= 1%", power_cap=True, clock_wander_sd=0.02, clock_wander_s=900.0,
+         latency_clock_exp=0.1, expect="quiet", limit=0.01),
+    Cell("thermal-throttle", "hw_thermal from window 12: SM clock -10%, latency +11%", "FAIL by window 14 >= 95%",
+         throttle_at=12, throttle_drop=0.10, latency_clock_exp=1.0, expect="fail_by", by_window=14, limit=0.95),
+    Cell("gc-sawtooth", "GC sawtooth 300 MiB, period 25-35 min, no leak, 10 MiB probe noise",
+         "live leak alert <= 2%", gc_mib=300.0, probe_noise_mib=10, expect="no_live_leak", limit=0.02),
+    # a period just under the window: one probe per window at a fixed phase reads it as a climb over hours
+    Cell("gc-sawtooth-29", "GC sawtooth 300 MiB, period 28.5-29.9 min, no leak, 10 MiB probe noise",
+         "live leak alert <= 2%", gc_mib=300.0, gc_period_s=(1710.0, 1794.0), probe_noise_mib=10,
+         expect="no_live_leak", limit=0.02),
+    Cell("gc-sawtooth-leak", "50 MB/h leak under a GC sawtooth 300 MiB, period 25-35 min",
+         "leak found by the end >= 90%", memory="leak", leak_mb_per_hour=50, gc_mib=300.0, probe_noise_mib=10,
+         expect="leak_final", limit=0.90),
+    Cell("gc-sawtooth-leak-29", "50 MB/h leak under a GC sawtooth 300 MiB, period 28.5-29.9 min",
+         "leak found by the end >= 90%", memory="leak", leak_mb_per_hour=50, gc_mib=300.0,
+         gc_period_s=(1710.0, 1794.0), probe_noise_mib=10, expect="leak_final", limit=0.90),
+    Cell("mem-flat-noisy", "flat device memory, 50 MiB noise per idle probe", "live leak alert <= 2%",
+         probe_noise_mib=50, expect="no_live_leak", limit=0.02),
 )
 
 
@@ -247,6 +278,38 @@ class LoadFactor:
         phi = math.exp(-dt / self.memory)
         self.x = phi * self.x + math.sqrt(max(0.0, 1 - phi * phi)) * self.sd * self.rng.gauss(0.0, 1.0)
         return math.exp(self.x)
+
+
+class ClockPath:
+    """The SM clock relative to its reference, per 30-s step: a wandering power cap (an AR(1) of the cell's
+    sd and memory, from its own RNG so that the traffic's stream is the same as without it) times a
+    thermal drop from ``throttle_at``."""
+
+    def __init__(self, cell: Cell, seed: int) -> None:
+        self.cell = cell
+        self.lf = LoadFactor(random.Random(seed * 7919 + 13), cell.clock_wander_sd, cell.clock_wander_s)
+        self.path: list[float] = []
+
+    def at(self, t: float) -> float:
+        i = max(0, int(t // 30.0))
+        while len(self.path) <= i:
+            self.path.append(self.lf.step(30.0))
+        f = self.path[i]
+        if self.cell.throttle_at is not None and t >= self.cell.throttle_at * self.cell.window_s:
+            f *= 1.0 - self.cell.throttle_drop
+        return f
+
+    def latency(self, t: float) -> float:
+        return (1.0 / self.at(t)) ** self.cell.latency_clock_exp if self.cell.latency_clock_exp else 1.0
+
+
+def gc_sawtooth(cell: Cell, seed: int) -> Any:
+    """The garbage collector's sawtooth (bytes at ``t``): a period drawn in the cell's range and a random
+    phase, from the run's own RNG."""
+    r = random.Random(seed * 104729 + 7)
+    period = r.uniform(*cell.gc_period_s)
+    phase = r.random()
+    return lambda t: cell.gc_mib * MIB * ((t / period + phase) % 1.0)
 
 
 def latency_scale(cell: Cell, window: int, t_in_run: float) -> float:
@@ -278,7 +341,7 @@ def tail_scale(cell: Cell, window: int, z: float) -> float:
     return 1.0 + cell.step * min(1.0, z / 1.645)
 
 
-def arrivals(cell: Cell, rng: random.Random) -> Iterator[tuple[float, ...]]:
+def arrivals(cell: Cell, rng: random.Random, clock: ClockPath | None = None) -> Iterator[tuple[float, ...]]:
     """(send time, e2e seconds, ttft seconds, the load and scale part of both) of every request, in
     send order (open loop)."""
     rate = cell.requests / cell.window_s
@@ -297,6 +360,8 @@ def arrivals(cell: Cell, rng: random.Random) -> Iterator[tuple[float, ...]]:
         base = load * latency_scale(cell, w, t) * tail_scale(cell, w, z)
         if cell.blip_window is not None or cell.slow_share:
             base *= extra_scale(cell, w, rng)
+        if clock is not None:
+            base *= clock.latency(t)
         e2e = math.exp(SIGMA * z) * base
         ttft = 0.1 * math.exp(0.4 * rng.gauss(0.0, 1.0)) * base
         yield t, e2e, min(ttft, e2e * 0.9), base
@@ -370,6 +435,10 @@ class RunResult:
     ab_fail: bool = False  # the verdict fails on an ab finding
     ab_confident: bool = False  # a confident worse A/B difference (a window or the run)
     page_window: int | None = None  # the first window at which soakd_drift_detected went to 1 (any metric)
+    live_leak: bool = False  # soakd_memory_leak_suspected 1 (a byte source) after some window: the leak page
+    live_throttle: bool = False  # soakd_throttle_detected 1 after some window: the throttling page
+    final_leak: bool = False  # a leak suspected by the run's last judgement
+    withdrawn: bool = False  # a 'leak page withdrawn' finding
 
 
 def _sparse_times(cell: Cell, t: float, rng: random.Random) -> list[float]:
@@ -434,18 +503,22 @@ def _record(t: float, times: list[float], window: int) -> RequestRecord:
     return r
 
 
-def _telemetry(cell: Cell, t: float) -> list[Series]:
+def _telemetry(cell: Cell, t: float, clock: ClockPath | None = None) -> list[Series]:
     shares = 1.0 if cell.power_cap else 0.0
     lab = (("gpu", "0"), ("uuid", "GPU-0"))
+    f = clock.at(t) if clock is not None else 1.0
+    thermal = cell.throttle_at is not None and t >= cell.throttle_at * cell.window_s
     out = [
         Series("soakd_gpu_power_watts", 650.0 if cell.power_cap else 450.0, lab),
-        Series("soakd_gpu_sm_clock_hertz", 1.755e9 if cell.power_cap else 1.98e9, lab),
+        Series("soakd_gpu_sm_clock_hertz", (1.755e9 if cell.power_cap else 1.98e9) * f, lab),
         Series("soakd_gpu_sm_clock_max_hertz", 1.98e9, lab),
         Series("soakd_gpu_memory_used_bytes", 60 * GIB, lab),
         Series("soakd_gpu_memory_total_bytes", 80 * GIB, lab),
     ]
     for reason in ("sw_power_cap", "sw_thermal", "hw_slowdown", "hw_thermal", "hw_power_brake"):
         active = shares if reason == "sw_power_cap" else 0.0
+        if reason == "hw_thermal" and thermal:
+            active = 1.0
         out.append(Series("soakd_gpu_clocks_event_active", active, (*lab, ("reason", reason))))
     return out
 
@@ -463,15 +536,24 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
     cand_windows = WindowSet(tl, confidence=0.95, patience=min(cell.window_s, 120.0), clock=clock) if ab_run else None
     cand = Analyzer(cfg, planned_windows=cell.windows, candidates=1) if ab_run else None
     live = False
-    source = closed_loop(cell, rng) if cell.noise == "closed" else arrivals(cell, rng)
+    clock_path = ClockPath(cell, seed) if cell.clock_wander_sd or cell.throttle_at is not None else None
+    gc = gc_sawtooth(cell, seed) if cell.gc_mib else None
+    source = closed_loop(cell, rng) if cell.noise == "closed" else arrivals(cell, rng, clock_path)
     next_sample = 15.0
-    next_probe = cell.window_s / 2
+    # the probes' times from soakd's own schedule (the runtime's: soakd.soak.quiesce.QuiesceProber.schedule)
+    probe_times = iter(ProbeSchedule.seeded(
+        tl.first_window_start, cell.window_s, cfg.quiesce.jitter, seed, end=tl.end,
+        min_remaining=min(cell.window_s / 2, 60.0),
+        duration=min(cfg.quiesce.drain_timeout, cell.window_s / 4) + cfg.quiesce.settle).times(tl.end))
+    next_probe = next(probe_times, math.inf)
+    live_leak = False
+    live_throttle = False
 
     live_drift = False
     page_window = None
 
     def close(now: float, final: bool = False) -> None:
-        nonlocal live, live_drift, page_window
+        nonlocal live, live_drift, page_window, live_leak, live_throttle
         if cand_windows is not None and cand is not None and judge is not None:
             for w in cand_windows.close_due(now, final=final):
                 if not w.revision:
@@ -484,6 +566,8 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
             live_drift = live_drift or any(analyzer.drift_active.values())
             if page_window is None and any(analyzer.drift_active.values()):
                 page_window = w.window
+            live_leak = live_leak or any(lk.suspected for s, lk in analyzer.leaks.items() if s in LEAK_SOURCES_BYTES)
+            live_throttle = live_throttle or analyzer.throttle_detected
             if any(analyzer.drift_active.values()) or analyzer.throttle_detected or any(
                     lk.fails for lk in analyzer.leaks.values()):
                 live = True
@@ -498,7 +582,7 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
         t, e2e, ttft = item[:3]
         while next_sample <= t:
             clock.now = next_sample
-            windows.add_samples(_telemetry(cell, next_sample), next_sample)
+            windows.add_samples(_telemetry(cell, next_sample, clock_path), next_sample)
             next_sample += 30.0
         while next_beat <= t:  # soakd's heartbeat (one per 5 s here; a stall is reported by a beat at its end)
             for b, lag in _beats(cell, next_beat):
@@ -507,12 +591,12 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
         while next_probe <= t:
             w = tl.window_at(next_probe)
             if down is None or not down[0] <= next_probe < down[1]:
+                mem = memory_at(cell, next_probe, rng) + (gc(next_probe) if gc is not None else 0.0)
                 probe = QuiesceProbe(t_unix=clock.wall_offset + next_probe, window=w, drained=True,
-                                     kv_cache_usage_ratio=0.0, memory_used_bytes=memory_at(cell, next_probe, rng),
-                                     seconds=2.0)
+                                     kv_cache_usage_ratio=0.0, memory_used_bytes=mem, seconds=2.0)
                 windows.set_probe(probe)
                 analyzer.add_quiesce(probe)
-            next_probe += cell.window_s
+            next_probe = next(probe_times, math.inf)
         clock.now = t
         if t >= next_tick:
             close(t)
@@ -572,22 +656,31 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
                      ab_fail=any(r.startswith("ab:") for r in verdict.reasons),
                      ab_confident=any(f.kind == "ab" and f.evidence.get("tier") == "confident"
                                       and f.evidence.get("direction") == "worse" for f in analyzer.findings),
-                     page_window=page_window)
+                     page_window=page_window,
+                     live_leak=live_leak, live_throttle=live_throttle, final_leak=final_leak,
+                     withdrawn=any(f.diagnosis == "leak page withdrawn" for f in analyzer.findings))
 
 
 # ---------------------------------------------------------------------------------------------
 # the table
 
 
-def _run(args: tuple[str, int]) -> dict[str, Any]:
-    name, seed = args
+def _run(args: tuple[str, int] | tuple[str, int, float | None]) -> dict[str, Any]:
+    name, seed = args[:2]
+    jitter = args[2] if len(args) > 2 else None
     cell = next(c for c in CELLS if c.name == name)
-    r = simulate(cell, seed)
+    cfg = None
+    if jitter is not None:  # --probe-jitter: the probes' spread within their windows (0: the fixed mid-window phase)
+        cfg = AnalysisConfig()
+        cfg = cfg.model_copy(update={"quiesce": cfg.quiesce.model_copy(update={"jitter": jitter})})
+    r = simulate(cell, seed, cfg)
     return {"failed": r.failed, "fail_window": r.fail_window, "live": r.live_flag, "reasons": r.reasons,
             "confident": r.confident, "trend": r.trend, "leak_window": r.leak_window, "periodic": r.periodic,
             "freeze": r.freeze, "inconclusive": r.inconclusive, "restart_reported": r.restart_reported,
             "impaired_windows": r.impaired_windows, "impaired_share": r.impaired_share, "leak_rate": r.leak_rate,
-            "ab_fail": r.ab_fail, "ab_confident": r.ab_confident, "page_window": r.page_window}
+            "ab_fail": r.ab_fail, "ab_confident": r.ab_confident, "page_window": r.page_window,
+            "live_leak": r.live_leak, "live_throttle": r.live_throttle, "final_leak": r.final_leak,
+            "withdrawn": r.withdrawn}
 
 
 # per expectation: what a run counts for, and whether the cell's limit is an upper bound (else a lower one)
@@ -608,11 +701,15 @@ _COUNTS: dict[str, tuple[Any, bool]] = {
     "leak_by": (lambda r, c: r["leak_window"] is not None and r["leak_window"] <= c.by_window, False),
     "page_by": (lambda r, c: r.get("page_window") is not None and r["page_window"] <= c.by_window, False),
     "judged_pass": (lambda r, c: not r["failed"] and not r["inconclusive"], False),
+    "quiet": (lambda r, c: r["failed"] or r["live_throttle"], True),
+    "no_live_leak": (lambda r, c: r["live_leak"], True),
+    "leak_final": (lambda r, c: r["final_leak"], False),
 }
 
 
-def measure(cell: Cell, runs: int, seed0: int, pool: ProcessPoolExecutor | None) -> dict[str, Any]:
-    jobs = [(cell.name, seed0 + i) for i in range(runs)]
+def measure(cell: Cell, runs: int, seed0: int, pool: ProcessPoolExecutor | None,
+            jitter: float | None = None) -> dict[str, Any]:
+    jobs = [(cell.name, seed0 + i, jitter) for i in range(runs)]
     results = list(pool.map(_run, jobs)) if pool is not None else [_run(j) for j in jobs]
     n = len(results)
     fail = sum(r["failed"] for r in results) / n
@@ -632,7 +729,10 @@ def measure(cell: Cell, runs: int, seed0: int, pool: ProcessPoolExecutor | None)
             "page": sum(r.get("page_window") is not None for r in results) / n,
             "inconclusive": sum(r["inconclusive"] for r in results) / n,
             "impaired_share": sum(r.get("impaired_share", 0.0) for r in results) / n,
-            "leak_rate_median": rates[len(rates) // 2] if rates else None}
+            "leak_rate_median": rates[len(rates) // 2] if rates else None,
+            "live_leak": sum(r["live_leak"] for r in results) / n,
+            "live_throttle": sum(r["live_throttle"] for r in results) / n,
+            "withdrawn": sum(r["withdrawn"] for r in results) / n}
 
 
 MEASURE = {
@@ -643,6 +743,7 @@ MEASURE = {
     "ab_pass": "false ab FAIL", "ab_fail": "ab FAIL", "ab_confident": "confident ab",
     "page_by": "paged in time",
     "judged_pass": "PASS (not INCONCLUSIVE)",
+    "quiet": "FAIL or throttle page", "no_live_leak": "live leak page", "leak_final": "leak found by the end",
 }
 
 
@@ -670,6 +771,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--json", type=Path, help="write the rows here (after every cell)")
+    p.add_argument("--probe-jitter", type=float, default=None,
+                   help="analysis.quiesce.jitter for every run (default soakd's; 0: one probe at the middle of "
+                        "every window, as before issue 21)")
     p.add_argument("--resume", action="store_true",
                    help="keep the rows of the --json file that already have the runs asked for; measure the rest")
     p.add_argument("--markdown", type=Path, metavar="JSON",
@@ -688,7 +792,7 @@ def main(argv: list[str] | None = None) -> int:
     pool = ProcessPoolExecutor(a.workers) if a.workers > 1 else None
     try:
         for cell in cells:
-            row = done.get(cell.name) or measure(cell, runs, a.seed, pool)
+            row = done.get(cell.name) or measure(cell, runs, a.seed, pool, a.probe_jitter)
             rows.append(row)
             if a.json:  # after every cell: a long measurement that is stopped keeps what it finished
                 a.json.write_text(json.dumps({"runs": runs, "rows": rows}, indent=2))
@@ -699,7 +803,9 @@ def main(argv: list[str] | None = None) -> int:
                 extra += f", requests impaired {row.get('impaired_share', 0.0):.1%}"
             print(f"{'PASS' if row['ok'] else 'MISS'}  {cell.name:<15} {row['value']:6.1%}  (final FAIL {row['fail']:6.1%}, "
                   f"live flag {row['live']:6.1%}, drift page {row.get('page', 0.0):6.1%}, periodic {row['periodic']:5.1%}, inconclusive "
-                  f"{row['inconclusive']:5.1%}{extra}; failing: {kinds})  target: {cell.target}", flush=True)
+                  f"{row['inconclusive']:5.1%}{extra}; live leak {row['live_leak']:5.1%}, live throttle "
+                  f"{row['live_throttle']:5.1%}, leak withdrawn {row['withdrawn']:5.1%}; failing: {kinds})  "
+                  f"target: {cell.target}", flush=True)
     finally:
         if pool is not None:
             pool.shutdown()

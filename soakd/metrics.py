@@ -200,7 +200,9 @@ CATALOGUE: tuple[MetricSpec, ...] = (
                "(bytes per hour).", ("source",), group="analysis"),
     MetricSpec("soakd_memory_leak_suspected", "gauge",
                "1 when growth is significant and projects beyond the budget, by source (device_memory, "
-               "target_gpu_memory, target_rss, kv_cache, kv_residue).", ("source",), group="analysis"),
+               "target_gpu_memory, target_rss, kv_cache, kv_residue); after each window at the run-level live "
+               "confidence (analysis.leak.live_confidence), at the end of the run the last judgement's.", ("source",),
+               group="analysis"),
     MetricSpec("soakd_memory_steps", "gauge",
                "Steps of a memory staircase named as such, by source (device_memory, target_gpu_memory, target_rss): "
                "memory that grew in discrete steps with flat plateaus while KV usage stayed flat (allocator growth or "
@@ -215,7 +217,9 @@ CATALOGUE: tuple[MetricSpec, ...] = (
                "Device memory measured idle in the last quiesce probe.", group="analysis"),
     MetricSpec("soakd_quiesce_probes_total", "counter", "Quiesce probes completed.", group="analysis"),
     MetricSpec("soakd_throttle_detected", "gauge",
-               "1 when a performance-relevant clocks-event reason was active beyond its share of the last window.",
+               "1 when the last window was throttled with an impact: a performance-relevant clocks-event reason active "
+               "beyond its share, the SM clock below the baseline pool's beyond its noise (in consecutive windows) and "
+               "latency or throughput drift; a power cap without impact is 0.",
                group="analysis"),
     MetricSpec("soakd_throttle_share_ratio", "gauge",
                "Share of the last window's samples with the clocks-event reason active.", ("reason",),

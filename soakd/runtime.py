@@ -446,7 +446,7 @@ class Runtime:
         if self.cgroup.available:
             job(self._cgroup, 1.0, "cgroup", 2)
         if self.quiesce is not None:
-            job(self.quiesce.probe, pol.quiesce_interval, "quiesce", pol.quiesce_interval, pol.quiesce_first_after)
+            job(self.quiesce.maybe_probe, pol.tick_seconds, "quiesce", pol.tick_seconds * 2)  # at the schedule's times
         if self.canary is not None and pol.canary_own_schedule:
             job(self._canary, cfg.analysis.canary.interval, "canary", cfg.analysis.canary.interval,
                 pol.canary_first_after)

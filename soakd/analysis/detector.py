@@ -22,11 +22,12 @@ from typing import Any, Protocol
 
 from soakd.analysis import leak as leak_mod
 from soakd.analysis import throttle as throttle_mod
-from soakd.analysis.diagnosis import diagnose
+from soakd.analysis.diagnosis import diagnose, performance_drift
 from soakd.analysis.drift import DriftResult
 from soakd.analysis.freeze import freeze_finding, freeze_threshold, hung_finding, wedge_finding
 from soakd.analysis.gpu_errors import GpuErrors
 from soakd.analysis.kvsat import kv_saturated_finding
+from soakd.analysis.leak_page import live_confidence, paged_from, withdrawn_finding
 from soakd.analysis.restarts import ServerRestarts
 from soakd.config.analysis import AnalysisConfig
 from soakd.core.findings import Finding
@@ -126,18 +127,26 @@ class ThrottleState:
 
 
 class ThrottleDetector(_Quiet):
-    """Clocks-event reasons against the SM clock and latency (``soakd.analysis.throttle``)."""
+    """Clocks-event reasons against the SM clock (its reference and noise from the drift detector's baseline
+    ``pool``, the windows in a row beyond that noise) and latency (``soakd.analysis.throttle``)."""
 
     name = "throttle"
     partial = True
 
-    def __init__(self, cfg: AnalysisConfig) -> None:
+    def __init__(self, cfg: AnalysisConfig, pool: Callable[[], list[Window]] | None = None) -> None:
         self.cfg = cfg
+        self.pool = pool or (lambda: [])
         self._state = ThrottleState()
+        self.beyond = 0  # consecutive full windows, up to the last, whose clock was beyond its noise
 
     def add(self, w: Window, ctx: WindowContext) -> None:
-        perf = any(r.flagged and r.direction == "degraded" and r.metric != "error_rate" for r in ctx.drift)
-        results = throttle_mod.evaluate(w, ctx.baseline, self.cfg.throttle, latency_drift=perf)
+        perf = bool(performance_drift(ctx.drift))
+        pool = self.pool()
+        in_pool = any(p.window == w.window for p in pool)
+        ref = throttle_mod.clock_reference(pool, self.cfg.throttle) if pool and not in_pool else None
+        results = throttle_mod.evaluate(w, None if in_pool else ctx.baseline, self.cfg.throttle, latency_drift=perf,
+                                        reference=ref, beyond_before=self.beyond)
+        self.beyond = self.beyond if w.partial else max((t.beyond_windows for t in results), default=0)
         self._state = ThrottleState(any(t.detected for t in results), tuple(results))
         ctx.throttles = results
 
@@ -146,23 +155,34 @@ class ThrottleDetector(_Quiet):
 
 
 class PowerCapDetector(_Quiet):
-    """A power or thermal reason active with the SM clock and latency where they were at the baseline: a
-    GPU at its limit under full load, named once as healthy (after the diagnosis, which names throttling)."""
+    """A power or thermal reason active without an impact (the SM clock within its noise of the baseline
+    pool's, or latency and throughput where they were): a GPU at its limit under full load, named as
+    healthy (after the diagnosis, which names throttling) once, and once more the first time its clock
+    is beyond its noise with latency steady. Never fails the run."""
 
     name = "power_cap"
 
     def __init__(self) -> None:
         self.reported = False
+        self.reported_low = False  # the clock beyond its noise, latency steady: said once too
 
     def add(self, w: Window, ctx: WindowContext) -> None:
         capped = [t for t in ctx.throttles if t.active and not t.impact and t.sm_clock_reference_kind == "baseline"]
-        if capped and not self.reported:
+        low = [t for t in capped if t.beyond_noise]
+        if capped and not low and not self.reported:
             self.reported = True
             ctx.findings.append(Finding(
                 kind="throttle", diagnosis="power-capped, healthy", severity="info",
-                message="; ".join(t.message() for t in capped) + ": the SM clock holds the baseline's and latency "
-                "has not drifted, so this is a GPU running at its limit under full load, not throttling",
+                message="; ".join(t.message() for t in capped) + ": the SM clock is within its noise of the "
+                "baseline's, so this is a GPU running at its limit under full load, not throttling",
                 evidence={"throttle": [t.to_dict() for t in capped]}, window=w.window))  # fmt: skip
+        elif low and not self.reported_low:
+            self.reported = self.reported_low = True
+            ctx.findings.append(Finding(
+                kind="throttle", diagnosis="power-capped, healthy", severity="info",
+                message="; ".join(t.message() for t in low) + ": the SM clock is below the baseline's but latency "
+                "and throughput have not moved, so the GPU's limit costs nothing measurable: not throttling",
+                evidence={"throttle": [t.to_dict() for t in low]}, window=w.window))  # fmt: skip
 
     def state(self) -> bool:
         return self.reported
@@ -179,18 +199,29 @@ class LeakState:
 
 class LeakDetector(_Quiet):
     """The run's leak judgement of every memory source after each window (``soakd.analysis.leak``):
-    what became suspected (named once), what was revised, a staircase and its later steps."""
+    what became suspected (named once), what was revised, a staircase and its later steps.
+
+    The judgement after each window is one of many looks at a growing series: it is made at
+    ``live_confidence`` (by default the run's ``1 - confidence`` spread over its planned looks), and
+    the run's last judgement (``finish``) once more at ``confidence``. A source paged live that the
+    last judgement clears is said: a 'leak page withdrawn' warning with the rate it was paged at."""
 
     name = "leak"
     partial = True  # judged after a partial window too (its findings wait for a full one)
 
-    def __init__(self, cfg: AnalysisConfig) -> None:
+    def __init__(self, cfg: AnalysisConfig, planned_windows: int = 48) -> None:
         self.cfg = cfg
         self.leaks: dict[str, leak_mod.LeakResult] = {}
+        self.paged: dict[str, tuple[int | None, leak_mod.LeakResult]] = {}  # source -> (window, first suspected)
+        self.live_cfg = cfg.leak.model_copy(update={"confidence": live_confidence(cfg.leak, planned_windows)})
+        self.finished = False
 
     def add(self, w: Window, ctx: WindowContext) -> None:
         before = self.leaks
-        leaks = leak_mod.evaluate(ctx.full, self.cfg.leak)
+        leaks = leak_mod.evaluate(ctx.full, self.live_cfg)
+        for lk in leaks:
+            if lk.suspected and lk.source not in self.paged:
+                self.paged[lk.source] = (None if ctx.partial else w.window, lk)
         ctx.new_leaks = [lk for lk in leaks if lk.suspected and not (before.get(lk.source)
                                                                    and before[lk.source].suspected)]
         revised = [lk for lk in leaks if not lk.suspected and before.get(lk.source) is not None
@@ -208,6 +239,29 @@ class LeakDetector(_Quiet):
             ctx.emit("leak", "info", f"leak finding revised: {lk.message()}", lk.to_dict(), w.window)
         for lk in more_steps:
             ctx.emit("leak", "info", f"memory steps: another step: {lk.message()}", lk.to_dict(), w.window)
+
+    def restore_page(self, f: Finding) -> None:  # resume: a page an earlier segment raised (its finding)
+        page = paged_from(f)
+        if page is not None and page[1].source not in self.paged:
+            self.paged[page[1].source] = page
+
+    def finish(self, ctx: RunContext) -> list[Finding]:
+        """The run's last judgement, one look at ``confidence``: a leak it finds that no window named is a
+        finding now; a source paged during the run that it clears is a 'leak page withdrawn' warning."""
+        if self.finished or not ctx.full:
+            return []
+        self.finished, leaks = True, leak_mod.evaluate(ctx.full, self.cfg.leak)
+        self.leaks = {lk.source: lk for lk in leaks}
+        out: list[Finding] = []
+        for lk in leaks:
+            if not lk.suspected or lk.source in self.paged:
+                continue
+            diag = "KV cache not released" if lk.source in ("kv_cache", "kv_residue") else "memory leak"
+            out.append(Finding(kind="leak", diagnosis=diag, severity="critical",
+                               message=f"the run's last leak judgement: {lk.message()}", evidence=lk.to_dict()))
+        out += [withdrawn_finding(window, paged, self.leaks[source]) for source, (window, paged) in self.paged.items()
+                if source in self.leaks and not self.leaks[source].suspected]
+        return out
 
     def state(self) -> LeakState:
         return LeakState(dict(self.leaks))

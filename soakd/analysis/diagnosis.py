@@ -43,6 +43,12 @@ def _outcomes(window: Window) -> tuple[int, dict[str, int]]:
     return window.requests, {k: int(v or 0) for k, v in window.outcomes.items()}
 
 
+def performance_drift(results: Iterable[DriftResult]) -> list[DriftResult]:
+    """Latency or throughput drift, degraded, in a window's comparisons: what makes an active throttle
+    reason with its clock beyond its noise throttling (``soakd.analysis.throttle``)."""
+    return _degraded(results, _PERF_METRICS)
+
+
 def _degraded(results: Iterable[DriftResult], metrics: frozenset[str]) -> list[DriftResult]:
     """Degraded drift results for ``metrics``, one per metric (baseline preferred)."""
     best: dict[str, DriftResult] = {}
@@ -143,25 +149,19 @@ def diagnose(
             window=idx,
         ))  # fmt: skip
 
-    # --- throttling, with or without performance drift
+    # --- throttling: a detected throttle has performance drift (its impact needs it); without it an active
+    # reason is "power-capped, healthy" (soakd.analysis.detector.PowerCapDetector), never a failing finding
     perf = _degraded(drift_results, _PERF_METRICS)
-    if throttles:
+    if throttles and perf:
         t_text = "; ".join(t.message() for t in throttles)
         kinds = sorted({t.kind for t in throttles})
-        if perf:
-            explained |= {r.metric for r in perf}
-            out.append(Finding(
-                kind="throttle", diagnosis="throttling", severity="critical",
-                message=f"{_drift_text(perf)} with {'/'.join(kinds)} throttling: {t_text}",
-                evidence={"drift": [r.to_dict() for r in perf], "throttle": [t.to_dict() for t in throttles]},
-                window=idx,
-            ))  # fmt: skip
-        else:
-            out.append(Finding(
-                kind="throttle", diagnosis="throttling", severity="warning",
-                message=f"{'/'.join(kinds)} throttling without measurable latency drift: {t_text}",
-                evidence={"throttle": [t.to_dict() for t in throttles]}, window=idx,
-            ))  # fmt: skip
+        explained |= {r.metric for r in perf}
+        out.append(Finding(
+            kind="throttle", diagnosis="throttling", severity="critical",
+            message=f"{_drift_text(perf)} with {'/'.join(kinds)} throttling: {t_text}",
+            evidence={"drift": [r.to_dict() for r in perf], "throttle": [t.to_dict() for t in throttles]},
+            window=idx,
+        ))  # fmt: skip
 
     # --- long context slowing down faster than short chat (only where the window has drifted)
     if perf and baseline is not None and baseline.window != idx:

@@ -140,8 +140,8 @@ class Analyzer:
         self.history = history if history is not None else WindowHistory()
         # the detectors, in the order a window goes through them
         self.drift_detector = DriftDetector(config, self.z_live, baseline)
-        self.throttle = ThrottleDetector(config)
-        self.leak = LeakDetector(config)
+        self.throttle = ThrottleDetector(config, pool=lambda: self.drift_detector.pool)
+        self.leak = LeakDetector(config, self.planned_windows)
         self.gpu = GpuErrorDetector()
         self.diagnosis = DiagnosisDetector(config)
         self.freeze = FreezeDetector(config)
@@ -218,6 +218,7 @@ class Analyzer:
             self.finding_counts[key] = self.finding_counts.get(key, 0) + 1
             if f.fails:
                 self.failing_findings.append(f)
+            self.leak.restore_page(f)
 
     def add_window(self, w: Window) -> list[Finding]:
         """A closed window through every detector (a partial one through those that take it); its findings
@@ -443,4 +444,5 @@ class Analyzer:
             leaks=[lk.to_dict() for lk in self.leaks.values() if lk.status != "no_data"],
             periodic=self.periodic.to_dict() if self.periodic is not None else None,
             ab=[r.to_dict() for r in self.ab.run or []] if self.ab is not None else None,
+            notes=[f for f in self.findings if f.diagnosis == "leak page withdrawn"],
         )  # fmt: skip

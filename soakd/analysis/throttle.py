@@ -1,12 +1,16 @@
 """Throttling: a performance-relevant clocks-event reason active for too much of a window, with
-an impact (the SM clock below the baseline's, or latency drift in the same window). A GPU at its
-power cap with its clock where it was at the baseline is reported healthy, not throttled.
+an impact: the SM clock below the baseline pool's beyond its noise (the pool's window means give the
+reference and the spread) in consecutive windows, *and* latency or throughput drift in the window.
+A GPU at its power cap whose clock wanders within its noise, or whose latency has not moved, is
+reported healthy ("power-capped, healthy"), never throttled.
 
 (derivation: docs/analysis.md#derivation-throttlepy)
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -14,7 +18,7 @@ from soakd.analysis.stats import as_float
 from soakd.config.analysis import ThrottleConfig
 from soakd.core.summary import WindowSummary
 
-__all__ = ["ThrottleResult", "evaluate"]
+__all__ = ["ClockReference", "ThrottleResult", "clock_reference", "evaluate"]
 
 Window = WindowSummary
 
@@ -35,7 +39,12 @@ class ThrottleResult:
     power_max: float | None
     window: int | None = None
     active: bool = False  # share above max_share
-    impact: bool = False  # clock drop beyond clock_drop_ratio vs the baseline, or latency drift
+    impact: bool = False  # the clock beyond its noise (for long enough) and latency or throughput drift
+    clock_noise_ratio: float | None = None  # the pool's relative spread of the window-mean SM clock
+    clock_bound_ratio: float | None = None  # the drop beyond which the clock is beyond its noise
+    beyond_noise: bool = False  # this window's clock below the reference by more than the bound
+    beyond_windows: int = 0  # consecutive windows (this one included) beyond the bound
+    latency_moving: bool = False  # latency or throughput drift (degraded) in the window
 
     @property
     def kind(self) -> Literal["thermal", "power"]:
@@ -48,7 +57,13 @@ class ThrottleResult:
         if self.sm_clock_mean is not None:
             s = f"SM clock {self.sm_clock_mean / 1e6:.0f} MHz"
             if self.sm_clock_drop_ratio is not None:
-                s += f" ({-self.sm_clock_drop_ratio * 100:+.1f}% vs {self.sm_clock_reference_kind})"
+                s += f" ({-self.sm_clock_drop_ratio * 100:+.1f}% vs {self.sm_clock_reference_kind}"
+                if self.clock_bound_ratio is not None:
+                    s += (f"; {'beyond' if self.beyond_noise else 'within'} its noise bound "
+                          f"-{self.clock_bound_ratio * 100:.1f}%")
+                    if self.beyond_noise:
+                        s += f", {self.beyond_windows} window{'s' if self.beyond_windows != 1 else ''}"
+                s += ")"
             parts.append(s)
         if self.temperature_max is not None:
             parts.append(f"max {self.temperature_max:.0f} °C")
@@ -66,13 +81,59 @@ class ThrottleResult:
 _num = as_float
 
 
+@dataclass(frozen=True)
+class ClockReference:
+    """The SM clock the baseline pool ran at, and how much a window's mean wanders around it."""
+
+    hertz: float  # the mean of the pool windows' mean SM clocks
+    noise_ratio: float  # their relative standard deviation (at least the configured floor)
+    bound_ratio: float  # a drop beyond this is beyond the noise (at least clock_drop_ratio)
+    windows: int
+
+
+def clock_mean(w: Window) -> float | None:
+    c = w.device.sm_clock_hertz
+    return _num(c.mean) if c else None
+
+
+def clock_reference(pool: list[Window], cfg: ThrottleConfig | None = None) -> ClockReference | None:
+    """The reference from the pool windows that have an SM clock (those not throttled by heat or the power
+    brake, when any are left): their mean, the spread of their means
+    (relative, at least ``clock_noise_floor``), and the one-sided prediction bound for one more window
+    mean, ``t(clock_confidence, n - 1) x spread x sqrt(1 + 1/n)`` (a single window: the normal
+    quantile on the floor), at least ``clock_drop_ratio``."""
+    from scipy import stats  # noqa: PLC0415  (only where a pool is judged)
+
+    cfg = cfg or ThrottleConfig()
+    # a pool window throttled by heat (or the power brake) is no reference for the clock: a steady power cap is
+    hot = {w.window for w in pool if any((_num(v) or 0.0) > cfg.max_share for r, v in (w.device.throttle_share or {}).items()
+                                         if r in cfg.reasons and r != "sw_power_cap")}
+    pool = [w for w in pool if w.window not in hot] or pool
+    means = [m for m in (clock_mean(w) for w in pool) if m]
+    if not means:
+        return None
+    ref = statistics.fmean(means)
+    n = len(means)
+    spread = max(statistics.stdev(means) / ref if n >= 2 else 0.0, cfg.clock_noise_floor)
+    q = float(stats.t.ppf(cfg.clock_confidence, n - 1)) if n >= 2 else float(stats.norm.ppf(cfg.clock_confidence))
+    bound = max(cfg.clock_drop_ratio, q * spread * math.sqrt(1.0 + 1.0 / n))
+    return ClockReference(ref, spread, bound, n)
+
+
 def evaluate(window: Window, baseline: Window | None = None, cfg: ThrottleConfig | None = None,
-             latency_drift: bool = False) -> list[ThrottleResult]:
+             latency_drift: bool = False, reference: ClockReference | None = None,
+             beyond_before: int | None = None) -> list[ThrottleResult]:
     """One result per configured reason that the window's device data reports (detected or not).
 
-    Empty without device data. The SM-clock reference is the baseline window's mean SM clock when
-    a different baseline window has one (the only reference an impact is judged against), else the
-    window's ``sm_clock_max_hertz`` (reported, not judged).
+    Empty without device data. The SM-clock reference is ``reference`` (the baseline pool's, from
+    ``clock_reference``) when given, else the baseline window's mean SM clock when a different
+    baseline window has one (judged against ``clock_drop_ratio``): the only references an impact is
+    judged against; else the window's ``sm_clock_max_hertz`` (reported, not judged).
+    ``beyond_before``: the consecutive windows just before this one whose clock was beyond the bound
+    (None: this window alone decides, as if ``consecutive`` were 1).
+
+    An impact needs both: the clock beyond its noise bound in ``consecutive`` windows (this one the
+    last; or this one beyond ``clock_immediate_factor`` x the bound), and ``latency_drift``.
     """
     cfg = cfg or ThrottleConfig()
     dev = window.device
@@ -81,24 +142,32 @@ def evaluate(window: Window, baseline: Window | None = None, cfg: ThrottleConfig
         return []
     mean_clock = _num(dev.sm_clock_hertz.mean) if dev.sm_clock_hertz else None
     ref, ref_kind = None, None
-    if baseline is not None and baseline is not window and baseline.window != window.window:
+    bound = noise = None
+    if reference is not None:
+        ref, ref_kind = reference.hertz, "baseline"
+        bound, noise = reference.bound_ratio, reference.noise_ratio
+    elif baseline is not None and baseline is not window and baseline.window != window.window:
         bclock = baseline.device.sm_clock_hertz
         ref = _num(bclock.mean) if bclock else None
         ref_kind = "baseline" if ref else None
+        bound = cfg.clock_drop_ratio if ref else None
     if not ref:
         ref = _num(dev.sm_clock_max_hertz)
         ref_kind = "max" if ref else None
     drop = (1.0 - mean_clock / ref) if (mean_clock is not None and ref) else None
     temp, mtemp, power = dev.temperature_celsius, dev.memory_temperature_celsius, dev.power_watts
     out = []
-    clock_impact = ref_kind == "baseline" and drop is not None and drop > cfg.clock_drop_ratio
     judged = ref_kind == "baseline"
+    beyond = judged and drop is not None and bound is not None and drop > bound
+    streak = (1 + (beyond_before or 0)) if beyond else 0
+    sustained = beyond and (beyond_before is None or streak >= cfg.consecutive
+                            or drop > cfg.clock_immediate_factor * (bound or 0.0))
     for reason in cfg.reasons:
         share = _num(shares.get(reason))
         if share is None:
             continue
         active = share > cfg.max_share
-        impact = judged and (clock_impact or latency_drift)
+        impact = judged and sustained and latency_drift
         out.append(
             ThrottleResult(
                 reason=reason,
@@ -116,6 +185,11 @@ def evaluate(window: Window, baseline: Window | None = None, cfg: ThrottleConfig
                 power_mean=_num(power.mean) if power else None,
                 power_max=_num(power.max) if power else None,
                 window=window.window,
+                clock_noise_ratio=noise,
+                clock_bound_ratio=bound if judged else None,
+                beyond_noise=beyond,
+                beyond_windows=streak,
+                latency_moving=latency_drift,
             )
         )
     return out

@@ -168,6 +168,14 @@ class LeakConfig(_Model):
         "quiesce probe, when it grows significantly from probe to probe.",
     )
     confidence: float = Field(0.95, gt=0.5, lt=1, description="Confidence of Sen's slope interval.")
+    live_confidence: float | None = Field(
+        None,
+        gt=0.5,
+        lt=1,
+        description="Confidence of the judgement after each window (what soakd_memory_leak_suspected and its page "
+        "show): it is made at every window, so null (the default) spreads 1 - confidence over the run's planned "
+        "judgements (Bonferroni: planned windows - min_windows + 1); the run's last judgement uses confidence.",
+    )
     exhaustion_budget_hours: float = Field(
         168.0,
         gt=0,
@@ -205,19 +213,47 @@ class ThrottleConfig(_Model):
         ge=0,
         lt=1,
         description="A reason active in more than this share of one GPU's samples in a window is throttling, "
-        "when it has an impact (clock_drop_ratio, or latency drift in the window).",
+        "when it has an impact (the SM clock beyond its noise and latency or throughput drift in the window).",
     )
     clock_drop_ratio: float = Field(
         0.03,
         gt=0,
         lt=1,
-        description="The SM clock this much below the baseline's is the impact that makes an active reason "
-        "throttling; without it (and without latency drift) a steady power cap at full load is healthy.",
+        description="The least drop of the SM clock below the baseline pool's that can count as beyond its noise "
+        "(the bound is the larger of this and the pool's noise bound): with latency or throughput moving, the "
+        "impact that makes an active reason throttling; without both a power cap at full load is healthy.",
     )
     reasons: list[str] = Field(
         default_factory=lambda: list(PERFORMANCE_REASONS),
         description="Clocks-event reasons that count as throttling (default: sw_power_cap, hw_slowdown, "
         "sw_thermal, hw_thermal, hw_power_brake).",
+    )
+    consecutive: int = Field(
+        2,
+        ge=1,
+        description="The SM clock must be below its reference beyond its noise (clock_confidence) in this many "
+        "consecutive windows (or at once by clock_immediate_factor x the bound) before an active reason with "
+        "latency or throughput moving is throttling.",
+    )
+    clock_confidence: float = Field(
+        0.99,
+        gt=0.5,
+        lt=1,
+        description="One-sided confidence of the bound on the SM clock's noise: the window means of the baseline "
+        "pool give the reference and the spread, a t prediction bound with their degrees of freedom.",
+    )
+    clock_noise_floor: float = Field(
+        0.005,
+        ge=0,
+        lt=1,
+        description="The smallest relative spread of the window-mean SM clock assumed (a pool whose clocks agree "
+        "by chance does not make every wander an impact).",
+    )
+    clock_immediate_factor: float = Field(
+        2.0,
+        ge=1,
+        description="A clock this many times further below the reference than the noise bound counts at once, "
+        "without waiting for consecutive windows.",
     )
 
     @field_validator("reasons")
@@ -302,11 +338,19 @@ class QuiesceConfig(_Model):
         "memory at idle, then resume. Probe time is excluded from load statistics.",
     )
     interval: Duration | None = Field(
-        None, gt=0, description="Time between probes; null = once per window (at its middle)."
+        None, gt=0, description="Time between probes; null = once per window (at a seeded random time in it: jitter)."
     )
     drain_timeout: Duration = Field(60.0, gt=0, description="Longest wait for in-flight requests to finish.")
     settle: Duration = Field(
         2.0, ge=0, description="Idle time before the idle sample (lets the server free blocks and update gauges)."
+    )
+    jitter: float = Field(
+        0.9,
+        ge=0,
+        le=1,
+        description="Where in its interval each probe runs: at a seeded random time spread over this share of the "
+        "interval around its middle (0 = always the middle). A fixed phase aliases a cycle of the server's own "
+        "memory near the interval (a garbage collector's sawtooth) into a false trend.",
     )
 
 

@@ -403,6 +403,8 @@ class RunPolicies:
     quiesce_min_remaining: float  # no probe in the last min(window / 2, 60 s) of the run
     canary_own_schedule: bool  # the canary runs on its interval (not inside the probes)
     canary_first_after: float  # first canary on its own schedule: warm-up plus half min(interval, window)
+    quiesce_jitter: float = 0.0  # analysis.quiesce.jitter: the share of its interval a probe's time spreads over
+    seed: int = 0  # run.seed: the probe times' own RNG is seeded from it (soakd.soak.probe_schedule)
 
 
 class SweepConfig(_Model):
@@ -604,6 +606,8 @@ class SoakConfig(_Model):
             quiesce_min_remaining=min(window / 2, 60.0),
             canary_own_schedule=c.enabled and not (quiesce and c.with_quiesce),
             canary_first_after=self.run.warmup + min(c.interval, window) / 2,
+            quiesce_jitter=q.jitter,
+            seed=self.run.seed,
         )
 
     def redacted(self) -> dict[str, Any]:

@@ -119,8 +119,9 @@ DIAGNOSES: dict[str, Diagnosis] = {d.name: d for d in (
        "latency or throughput drift while a power or thermal clocks-event reason is active",
        "cooling (airflow, inlet temperature), power cap and power-brake settings, SM clock history",
        ("throttle", "drift")),
-    _d("power-capped, healthy", "throttle", "info", "gpu", "soakdgputhrottling",
-       "a power or thermal clocks-event reason active with the SM clock and latency where they were at the baseline",
+    _d("power-capped, healthy", "throttle", "info", "gpu", "soakdgpupowercapped",
+       "a power or thermal clocks-event reason active without an impact: the SM clock within its noise of the "
+       "baseline pool's, or latency and throughput where they were",
        "nothing: the GPU runs at its limit under full load", ("throttle",), fails=False),
     _d("KV cache not released", "leak", "critical", "memory", "soakdkvcachenotreleased",
        "memory that keeps rising: idle KV usage that does not return to its first idle value",
@@ -130,6 +131,14 @@ DIAGNOSES: dict[str, Diagnosis] = {d.name: d for d in (
        "device or process memory that keeps rising at the same load",
        "allocator caching, CUDA graphs per new shape, host-side buffers, server version",
        ("source", "growth_per_hour", "ci", "unit", "pattern", "n_windows", "hours_to_exhaustion")),
+    _d("leak page withdrawn", "leak", "warning", "memory", "soakdmemoryleaksuspected",
+       "a leak page raised during the run (soakd_memory_leak_suspected 1 after some window) that the run's last "
+       "judgement withdrew: the series that looked like a climb settled, or was a cycle the probes caught at "
+       "moving phases",
+       "the source's series on the Memory dashboard around the window it was paged at, the rate it was paged at "
+       "against the last judgement's, the quiesce probes' times (analysis.quiesce.jitter)",
+       ("source", "withdrawn_growth_per_hour", "growth_per_hour", "paged_window", "pattern", "unit"), fails=False,
+       title="Leak page withdrawn", end_of_run=True),
     _d("memory steps", "leak", "warning", "memory", "soakdmemorysteps",
        "device or process memory that grew in discrete steps with flat plateaus between them while KV-cache usage "
        "stayed flat: allocator growth or a CUDA graph captured per new batch shape or sequence length, not a linear "
@@ -426,7 +435,8 @@ def _value(key: str, v: Any) -> str:
     return json.dumps(v, sort_keys=True, default=str)[:200]
 
 
-_BYTES = ("growth_per_hour", "budget", "projected", "ci")  # in bytes when the evidence's unit is bytes
+_BYTES = ("growth_per_hour", "budget", "projected", "ci", "withdrawn_growth_per_hour",
+          "withdrawn_ci")  # in bytes when the evidence's unit is bytes
 
 
 def fmt_bytes(v: Any, sign: bool = False) -> str | None:
@@ -443,10 +453,11 @@ def _pair(f: Finding, key: str, v: Any) -> str:
         if isinstance(v, list | tuple) and len(v) == 2:
             lo, hi = fmt_bytes(v[0], True), fmt_bytes(v[1], True)
             if lo and hi:
-                return f"{lo}..{hi}" + ("/h" if key == "ci" else "")
-        b = fmt_bytes(v, sign=key == "growth_per_hour")
+                return f"{lo}..{hi}" + ("/h" if key in ("ci", "withdrawn_ci") else "")
+        rate = key.endswith("growth_per_hour")
+        b = fmt_bytes(v, sign=rate)
         if b is not None:
-            return b + ("/h" if key == "growth_per_hour" else "")
+            return b + ("/h" if rate else "")
     return _value(key, v)
 
 

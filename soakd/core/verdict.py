@@ -184,6 +184,8 @@ class RunVerdict(_Model):
     periodic: dict[str, Any] | None = None
     ab: list[AbComparison] | None = None  # A/B runs: each candidate against the reference over the run
     targets: dict[str, TargetVerdict] | None = None  # A/B runs: each other target's own verdict
+    # what the verdict says although it does not fail the run: a leak page withdrawn by the last judgement
+    notes: list[Finding] = Field(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod
@@ -216,6 +218,8 @@ class RunVerdict(_Model):
         for key in ("ab", "targets"):  # A/B runs only
             if out.get(key, 0) is None:
                 del out[key]
+        if out.get("notes", 0) == []:  # verdicts without notes keep their shape
+            del out["notes"]
         return out
 
     @classmethod
@@ -275,7 +279,12 @@ class RunVerdict(_Model):
             out.append(self.inconclusive)
         elif self.result == "INCOMPLETE":
             out += self.reasons
+        out += self.note_lines()
         return out + self.scope_lines()
+
+    def note_lines(self) -> list[str]:
+        """What the verdict says although it does not fail the run (a leak page withdrawn), one line each."""
+        return [f"{f.severity} · {f.label} · {f.where()} (not failing): {f.message}" for f in self.notes]
 
     def with_targets(self, others: dict[str, RunVerdict]) -> RunVerdict:
         """This (the reference target's) verdict with each other target's: one FAILs the run."""

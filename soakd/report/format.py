@@ -143,6 +143,7 @@ def verdict_lines(report: RunReport, brief: bool = False) -> list[str]:
         lines += [r for r in v.reasons if r not in covered]
     if v.result == "INCONCLUSIVE" and v.inconclusive:
         lines.append(v.inconclusive)
+    lines += v.note_lines()
     lines += v.scope_lines()
     if v.result == "PASS" and not failing:
         lines.append("no finding failed the run")

@@ -2,7 +2,8 @@
 memory at idle, resume.
 
 What a KV cache that is not released looks like only shows at idle: the probe measures it once
-per window (``RunPolicies.quiesce_interval``) in the middle of the window. Probe time is
+per window (``RunPolicies.quiesce_interval``) at a seeded random time in it
+(``soakd.soak.probe_schedule``: a fixed phase aliases a memory cycle near the window). Probe time is
 excluded from the window's load time (``paused_seconds``); samples taken while it holds the load
 stay out of the window's aggregates (``TelemetryRouter``); the window it runs in stays open until
 it ends. Not in the last part of the run (nothing would follow to compare); a stop request ends
@@ -22,6 +23,7 @@ from soakd.samplers.base import SamplerRunner
 from soakd.soak.canary import CanaryRunner
 from soakd.soak.driver import LoadDriver
 from soakd.soak.events import EventLog
+from soakd.soak.probe_schedule import ProbeSchedule
 from soakd.soak.windows import WindowSet
 
 IDLE_SAMPLERS = ("server", "nvml", "dcgm")
@@ -47,6 +49,17 @@ class QuiesceProber:
         self.running = running
         self.clock = clock
         self._task: asyncio.Task | None = None
+        # slots from the first window's start (the interval's middle: the first probe of earlier releases)
+        self.schedule = ProbeSchedule.seeded(timeline.first_window_start, policies.quiesce_interval,
+                                             policies.quiesce_jitter, policies.seed, end=timeline.end,
+                                             min_remaining=policies.quiesce_min_remaining,
+                                             duration=policies.quiesce_drain_timeout + cfg.settle)
+
+    async def maybe_probe(self) -> QuiesceProbe | None:
+        """The scheduler's job (every tick): a probe when the schedule says one is due."""
+        if self.driver.stopping or not self.running() or not self.schedule.due(self.clock.monotonic()):
+            return None
+        return await self.probe()
 
     async def cancel(self) -> None:
         """The run is ending: abandon a probe in progress (the load is not resumed)."""

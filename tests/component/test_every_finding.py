@@ -48,6 +48,9 @@ EXAMPLES: dict[str, tuple[dict[str, Any], str]] = {
     "KV cache not released": ({"source": "kv_residue", "growth_per_hour": 0.0123, "unit": "ratio"}, "kv_residue"),
     "memory leak": ({"source": "device_memory", "growth_per_hour": 52_000_000.0, "unit": "bytes"}, "+49.6 MiB/h"),
     "memory steps": ({"source": "target_gpu_memory", "steps": 3, "steps_bytes": 3221225472.0}, "3.00 GiB"),
+    "leak page withdrawn": ({"source": "device_memory", "withdrawn_growth_per_hour": 77_000_000.0,
+                             "growth_per_hour": 1_000_000.0, "paged_window": 11, "unit": "bytes", "fails": False},
+                            "+73.4 MiB/h"),
     "engine wedged": ({"silence_seconds": 12.5, "in_flight": 7, "sources": ["streams", "server_tokens"]},
                       "silence_seconds 12.5"),
     "KV cache saturated": ({"server_kv_cache_usage_ratio": 0.9931, "server_requests_running": 31}, "0.9931"),
@@ -89,7 +92,7 @@ EXAMPLES: dict[str, tuple[dict[str, Any], str]] = {
 def _example(i: int, diagnosis: str) -> Finding:
     spec = DIAGNOSES[diagnosis]
     evidence, _ = EXAMPLES[diagnosis]
-    window = None if diagnosis in ("error budget exceeded", "periodic drops") else i % 8
+    window = None if diagnosis in ("error budget exceeded", "periodic drops", "leak page withdrawn") else i % 8
     span = window + 2 if diagnosis in ("confident drift", "creep") and window is not None else None
     return Finding(kind=spec.kind, diagnosis=diagnosis, severity=spec.severity, message=f"the {diagnosis} finding #{i}",
                    evidence=evidence, window=window, last_window=span)
@@ -142,8 +145,9 @@ async def _store(state: Path) -> tuple[list[Finding], RunVerdict]:
     rng = random.Random(3)
     findings = [_example(i, d) for i, d in enumerate(DIAGNOSES)]
     failing = [f.judged(True, f"{f.kind}: {f.diagnosis} (window {f.window})") for f in findings if _fails(f)]
+    notes = [f.judged(False, None) for f in findings if f.diagnosis == "leak page withdrawn"]
     verdict = RunVerdict(schema_version=VERDICT_SCHEMA_VERSION, result="FAIL", passed=False,
-                         reasons=[f.reason for f in failing], failing=failing,
+                         reasons=[f.reason for f in failing], failing=failing, notes=notes,
                          judged=Judged(windows=8, full_windows=8, requests=8000, requests_measured=8000))
     store = await RunStore.open(state)
     try:
@@ -191,6 +195,18 @@ def test_every_finding_appears_with_its_evidence(every: tuple[list[Finding], Any
             assert f.message in text, (fmt, f.diagnosis)
     if fmt in ("md", "html"):
         assert text.count("fails the run") >= sum(_fails(f) for f in findings)
+
+
+@pytest.mark.parametrize("fmt", ["md", "html", "junit", "summary"])
+def test_the_verdicts_notes_are_said_in_every_output(every: tuple[list[Finding], Any], fmt: str) -> None:
+    """A leak page withdrawn by the run's last judgement is in the verdict's lines, as not failing (issue 21)."""
+    import html
+
+    _, report = every
+    text = html.unescape({"md": render_markdown, "html": render_html, "junit": render_junit,
+                          "summary": format_summary}[fmt](report))
+    (note,) = report.verdict.notes
+    assert f"warning · Leak page withdrawn · run (not failing): {note.message}" in text, fmt
 
 
 def test_junit_fails_the_case_of_each_failing_kind_and_metric(every: tuple[list[Finding], Any]) -> None:

@@ -87,6 +87,20 @@ report verdict's ``stability`` (the shape of the p95s') (edited: a
 regeneration on this busy machine also dropped the report's ``baseline``, the windows being
 client-impaired, which is not this change's). Nothing else moved.
 
+Regenerated for issue 21 (items 3 and 4), ``analysis.json`` only, checked key by key. Throttling needs
+an impact — the SM clock below the baseline pool's beyond its noise *and* latency or throughput drift
+in the window — so the three failing "throttling without measurable latency drift" warnings are gone:
+windows 2 and 3 (thermal, inside the baseline pool [0, 1, 2, 3], which is judged against nothing) have
+no throttle finding and ``throttle_detected`` false; window 5's (``sw_power_cap``, clock -47.6%, no
+latency drift) is the info finding "power-capped, healthy" with the new evidence keys
+(``beyond_noise``, ``beyond_windows``, ``clock_bound_ratio``, ``clock_noise_ratio``,
+``latency_moving``); the events, ``soakd_findings_total`` (throttle/warning 3 -> 0, throttle/info 1),
+``verdict.failing`` and ``verdict.reasons`` lose the three throttle reasons (the verdict still FAILs on
+the confident drift of windows 4-6). The leak judgement after each window is made at the run-level
+live confidence (1 - 0.05/looks), so the live ``leaks.*.ci`` of windows 4-7 (device_memory, kv_cache,
+kv_residue; none suspected before or after) are wider (infinite at these few points). The verdict's
+leaks (the last judgement, at 95%) did not move.
+
 1. ``report-*.{json,md}``: ``soakd report`` of the two runs in ``tests/fixtures/state-v2`` (a
    state dir that release wrote: a finished run with throttling, a power cap and a latency step,
    and a resumable run stopped by SIGTERM), exact modulo the generation time.

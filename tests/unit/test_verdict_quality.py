@@ -97,3 +97,35 @@ def test_sparse_heavy_tailed_streams_are_not_a_freeze(vq: ModuleType, seed: int)
     inter-token tail and the streams silent; seed 5 also with the tail index taken at its point estimate)."""
     r = run(vq, "sparse-pareto", seed)
     assert not r.freeze and not r.failed, r.reasons
+
+
+# issue 21 items 3 and 4: a power cap that wanders, thermal throttling, a garbage collector's sawtooth
+
+
+def test_a_power_cap_whose_clock_wanders_passes_and_thermal_throttling_fails(vq: ModuleType) -> None:
+    for seed in (1, 2):
+        r = run(vq, "power-cap-wander", seed)
+        assert not r.failed and not r.live_throttle and not r.live_flag, (seed, r.reasons)
+    hot = run(vq, "thermal-throttle")
+    assert hot.failed and hot.live_throttle and any(x.startswith("throttle: throttling (window 1") for x in hot.reasons)
+    assert hot.fail_window is not None and 12 <= hot.fail_window <= 14, (hot.fail_window, hot.reasons)
+
+
+def _fixed_phase(vq: ModuleType):  # noqa: ANN202
+    """The probes and the leak judgement before issue 21: mid-window, every window's judgement at 95%."""
+    from soakd.config import AnalysisConfig
+    from soakd.config.analysis import LeakConfig, QuiesceConfig
+
+    return AnalysisConfig(quiesce=QuiesceConfig(jitter=0.0), leak=LeakConfig(live_confidence=0.95))
+
+
+def test_a_gc_sawtooth_near_the_window_is_no_leak_and_a_leak_under_it_is_found(vq: ModuleType) -> None:
+    cell = next(c for c in vq.CELLS if c.name == "gc-sawtooth-29")
+    aliased = vq.simulate(cell, 2, _fixed_phase(vq))
+    assert aliased.live_leak  # the sawtooth read as a climb at a fixed phase (what the audit saw)
+    r = vq.simulate(cell, 2)
+    assert not r.live_leak and not r.final_leak and not r.failed, r.reasons
+    leak = run(vq, "gc-sawtooth-leak-29", 3)
+    assert leak.final_leak and leak.leak_rate is not None and 20 < leak.leak_rate < 100 and not leak.failed
+    flat = run(vq, "mem-flat-noisy", 3)
+    assert not flat.live_leak and not flat.final_leak
