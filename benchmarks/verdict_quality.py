@@ -102,6 +102,8 @@ class Cell:
     expect: str = "pass"  # pass | fail_by | no_confident | trend | leak_by | periodic | freeze | inconclusive | restart
     by_window: int | None = None
     limit: float = 0.0  # the target share (upper bound for pass cells, lower bound otherwise)
+    error_share: float = 0.0  # issue 21 item 6: this share of one window's requests fail fast (HTTP 429)
+    error_window: int | None = None  # the window of those errors
 
 
 CELLS: tuple[Cell, ...] = (
@@ -176,6 +178,17 @@ CELLS: tuple[Cell, ...] = (
          ar_sd=0.10, ar_memory=60, ar_unit="seconds", step_at=12, step=0.04, expect="no_confident", limit=1.0),
     Cell("creep-ar", "creep +0.25% per window under AR +-10%/1 min", "(no target: trend found)", noise="ar",
          ar_sd=0.10, ar_memory=60, ar_unit="seconds", creep=0.0025, expect="trend", limit=0.0),
+    # issue 21 item 6: error bursts, one policy (a per-window and a run budget; the error rate is no drift metric).
+    # "the same answer": the run's result and whether an error burst finding names the window, as in most runs
+    Cell("errors-429-2pct", "fast 429s in 2% of one window (window 12; 0.08% of the run)",
+         "the same answer >= 98% (an error burst finding, PASS)", error_share=0.02, error_window=12,
+         expect="errors_same", limit=0.98),
+    Cell("errors-429-3pct", "fast 429s in 3% of one window (window 12; 0.13% of the run)",
+         "the same answer >= 98% (an error burst finding, PASS)", error_share=0.03, error_window=12,
+         expect="errors_same", limit=0.98),
+    Cell("errors-429-8pct", "fast 429s in 8% of one window (window 12; 0.33% of the run)",
+         "the same answer >= 98% (beyond the 5% window budget: FAIL)", error_share=0.08, error_window=12,
+         expect="errors_same", limit=0.98),
 )
 
 
@@ -305,6 +318,7 @@ class RunResult:
     leak_rate: float | None = None  # MB/h, the last judgement of device memory
     ab_fail: bool = False  # the verdict fails on an ab finding
     ab_confident: bool = False  # a confident worse A/B difference (a window or the run)
+    answer: str = ""  # issue 21 item 6: the result, and whether an errors finding named the error window
 
 
 def _byte_times(cell: Cell, t: float, e2e: float, ttft: float) -> list[float]:
@@ -337,6 +351,17 @@ def _record(t: float, times: list[float], window: int) -> RequestRecord:
     r.prompt_tokens = 128
     r.usage_from_server = True
     return r
+
+
+def _fast_429(rec: RequestRecord, rng: random.Random, share: float) -> bool:
+    """With probability ``share``: the request is refused at once (HTTP 429, 5 ms, no token)."""
+    if rng.random() >= share:
+        return False
+    rec.token_times_ns = []
+    rec.t_end_ns = rec.t_start_ns + 5_000_000
+    rec.http_status = 429
+    rec.fail(Outcome.HTTP_ERROR, "http_429")
+    return True
 
 
 def _telemetry(cell: Cell, t: float) -> list[Series]:
@@ -431,6 +456,9 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
             rec.fail(Outcome.CONNECTION_ERROR, "connect_refused")
             windows.finished(rec, None)
             continue
+        if cell.error_share and w == cell.error_window and _fast_429(rec, rng, cell.error_share):
+            windows.finished(rec, None)
+            continue
         rec.outcome = Outcome.OK
         gaps = [(b - a) / 1e9 for a, b in zip(rec.token_times_ns, rec.token_times_ns[1:])]
         windows.finished(rec, gaps)
@@ -473,7 +501,16 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
                      else None,
                      ab_fail=any(r.startswith("ab:") for r in verdict.reasons),
                      ab_confident=any(f.kind == "ab" and f.evidence.get("tier") == "confident"
-                                      and f.evidence.get("direction") == "worse" for f in analyzer.findings))
+                                      and f.evidence.get("direction") == "worse" for f in analyzer.findings),
+                     answer=_errors_answer(cell, verdict.result, analyzer.findings))
+
+
+def _errors_answer(cell: Cell, result: str, findings: list[Any]) -> str:
+    """The run's answer to an error cell: its result, and whether a finding of kind errors names the window."""
+    named = cell.error_window is not None and any(f.kind == "errors" and f.window is not None and f.window
+                                                  <= cell.error_window <= (f.last_window or f.window)
+                                                  for f in findings)
+    return f"{result}{' + errors finding' if named else ''}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -488,7 +525,7 @@ def _run(args: tuple[str, int]) -> dict[str, Any]:
             "confident": r.confident, "trend": r.trend, "leak_window": r.leak_window, "periodic": r.periodic,
             "freeze": r.freeze, "inconclusive": r.inconclusive, "restart_reported": r.restart_reported,
             "impaired_windows": r.impaired_windows, "leak_rate": r.leak_rate, "ab_fail": r.ab_fail,
-            "ab_confident": r.ab_confident}
+            "ab_confident": r.ab_confident, "answer": r.answer}
 
 
 # per expectation: what a run counts for, and whether the cell's limit is an upper bound (else a lower one)
@@ -503,6 +540,7 @@ _COUNTS: dict[str, tuple[Any, bool]] = {
     "ab_pass": (lambda r, c: r["ab_fail"], True),
     "ab_fail": (lambda r, c: r["ab_fail"], False),
     "ab_confident": (lambda r, c: r["ab_confident"], True),
+    "errors_same": (None, False),  # the share of runs that give the most common answer (measure())
     "restart": (lambda r, c: r["restart_reported"] and not any(x.startswith(("drift", "leak")) for x in r["reasons"]),
                 False),
     "leak_by": (lambda r, c: r["leak_window"] is not None and r["leak_window"] <= c.by_window, False),
@@ -521,14 +559,21 @@ def measure(cell: Cell, runs: int, seed0: int, pool: ProcessPoolExecutor | None)
             kind = reason.split(":")[0]
             kinds[kind] = kinds.get(kind, 0) + 1
     counted, at_most = _COUNTS[cell.expect]
-    value = sum(bool(counted(r, cell)) for r in results) / n
+    answers: dict[str, int] = {}
+    for r in results:
+        answers[r["answer"]] = answers.get(r["answer"], 0) + 1
+    if counted is None:  # errors_same: the most common answer's share
+        value = max(answers.values()) / n
+    else:
+        value = sum(bool(counted(r, cell)) for r in results) / n
     ok = value <= cell.limit if at_most else value >= cell.limit
     rates = sorted(r["leak_rate"] for r in results if r["leak_rate"] is not None)
     return {"cell": cell.name, "what": cell.what, "target": cell.target, "runs": n, "value": value, "ok": ok,
             "fail": fail, "live": live, "findings": kinds,
             "periodic": sum(r["periodic"] for r in results) / n,
             "inconclusive": sum(r["inconclusive"] for r in results) / n,
-            "leak_rate_median": rates[len(rates) // 2] if rates else None}
+            "leak_rate_median": rates[len(rates) // 2] if rates else None,
+            "answers": dict(sorted(answers.items(), key=lambda kv: -kv[1]))}
 
 
 MEASURE = {
@@ -536,6 +581,7 @@ MEASURE = {
     "leak_by": "leak finding by hour 8", "periodic": "periodic drops found", "freeze": "freeze finding",
     "inconclusive": "INCONCLUSIVE, not FAIL", "restart": "restart reported, no drift/leak FAIL",
     "ab_pass": "false ab FAIL", "ab_fail": "ab FAIL", "ab_confident": "confident ab",
+    "errors_same": "the same answer",
 }
 
 
@@ -588,6 +634,8 @@ def main(argv: list[str] | None = None) -> int:
             kinds = ", ".join(f"{k} {v}" for k, v in sorted(row["findings"].items())) or "-"
             extra = f", leak rate median {row['leak_rate_median']:.0f} MB/h" if row["leak_rate_median"] is not None \
                 and cell.memory == "leak" else ""
+            if cell.expect == "errors_same":
+                extra += "; answers: " + ", ".join(f"{k} {v}" for k, v in row.get("answers", {}).items())
             print(f"{'PASS' if row['ok'] else 'MISS'}  {cell.name:<15} {row['value']:6.1%}  (final FAIL {row['fail']:6.1%}, "
                   f"live flag {row['live']:6.1%}, periodic {row['periodic']:5.1%}, inconclusive "
                   f"{row['inconclusive']:5.1%}{extra}; failing: {kinds})  target: {cell.target}", flush=True)
