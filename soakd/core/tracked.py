@@ -61,6 +61,6 @@ DEFAULT_METRICS: tuple[str, ...] = (
     "itl_p95",
     "output_tokens_per_second",
     "requests_per_second",
-    "error_rate",
     "energy_per_token",
 )
+"""Not ``error_rate``: errors are judged against their budgets (``soakd.analysis.errors``), not as drift."""
