@@ -93,19 +93,23 @@ class DriftConfig(_Model):
         default_factory=lambda: list(DEFAULT_METRICS),
         description="Tracked metrics: e2e/ttft/itl _p50/_p95/_p99, output_tokens_per_second, "
         "requests_per_second, energy_per_token, goodput_ratio (added by itself when a "
-        "scenario has an slo). Not error_rate: errors are judged against their budgets (analysis.errors).",
+        "scenario has an slo). Not error_rate: errors are judged against their budgets (analysis.errors); a "
+        "list that names it (an older print-config's) loads without it.",
     )
 
     @model_validator(mode="before")
     @classmethod
     def _retired(cls, data: Any) -> Any:
-        """error_rate_threshold is retired with the error rate's drift test: its old default (what an older
-        print-config wrote) is dropped, any other value is an error that says why."""
-        if isinstance(data, dict) and "error_rate_threshold" in data:
+        """The error rate's drift test is retired. What an older print-config (or a stored run's configuration)
+        wrote is dropped: error_rate from metrics, error_rate_threshold at its old default; any other
+        error_rate_threshold is an error that says why (as error_rate in per_metric is)."""
+        if isinstance(data, dict) and ("error_rate_threshold" in data or "error_rate" in (data.get("metrics") or ())):
             data = dict(data)
-            if data.pop("error_rate_threshold") != ERROR_RATE_THRESHOLD:
+            if "error_rate_threshold" in data and data.pop("error_rate_threshold") != ERROR_RATE_THRESHOLD:
                 raise ValueError(ERROR_RATE_NOT_DRIFT.replace("remove it from analysis.drift.metrics",
                                                               "remove analysis.drift.error_rate_threshold"))
+            if isinstance(data.get("metrics"), list):
+                data["metrics"] = [m for m in data["metrics"] if m not in NOT_DRIFT]
         return data
 
     @field_validator("metrics")
@@ -114,8 +118,6 @@ class DriftConfig(_Model):
         bad = [m for m in v if m not in METRICS]
         if bad:
             raise ValueError(f"unknown metric(s) {bad}; known: {sorted(METRICS)}")
-        if NOT_DRIFT & set(v):
-            raise ValueError(ERROR_RATE_NOT_DRIFT)
         if len(set(v)) != len(v):
             raise ValueError("metrics are listed more than once")
         return v
