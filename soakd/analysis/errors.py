@@ -7,6 +7,7 @@ A window beyond the window budget (its failed share, as counted: a budget is spe
 critical *error burst* that fails the run (kind ``errors``); a window within it whose failures exceed the
 run budget's share of its requests with confidence (``analysis.errors.confidence``, a one-sided binomial
 test) is a warning burst that does not. Consecutive burst windows are one burst: each finding spans them.
+A burst replaces the window's "server errors" diagnosis (it carries the same errors, by reason).
 Judged: full windows with ``analysis.drift.min_requests`` requests and the target up all along (a window
 with the target down is the outage's, "target restarted"); the run budget counts every full window.
 Pure, no I/O.
@@ -126,6 +127,9 @@ class ErrorDetector:
             return
         self._span = [*(self._span if f.last_window is not None else []), w]
         self.bursts.append(w.window)
+        # one finding for the window's errors: the burst says what "server errors" would (the HTTP and
+        # connection errors, by reason) and judges them; causes with more to say ("overload": the queue) stay
+        ctx.findings[:] = [x for x in ctx.findings if not (x.diagnosis == "server errors" and x.window == w.window)]
         ctx.findings.append(f)
 
     def _count(self, w: Window) -> None:

@@ -54,6 +54,7 @@ def test_fast_429s_in_two_percent_of_one_window_are_a_burst_that_does_not_fail_t
         assert b.evidence["requests"] == 3000 and b.evidence["outcomes"] == {"http_error": b.evidence["failed"]}
         assert "within the 5% window budget" in (b.why or "") and "http_429" in b.message
         assert not any(f.kind == "drift" for f in a.findings), [f.message for f in a.findings if f.kind == "drift"]
+        assert [f.diagnosis for f in a.findings if f.kind == "errors"] == ["error burst"]  # not also "server errors"
         assert "error_rate" not in a.drift_active
 
 
