@@ -323,7 +323,8 @@ class Analyzer:
         if f.evidence.get("tier") == "likely":
             return f.judged(False, "a likely change: reported, not failing")
         if f.kind == "errors":
-            return f.judged(False, "errors fail the run only as an error burst beyond the window budget or beyond the run budget")
+            return f.judged(False, "errors fail the run only as an error burst beyond the window budget "
+                            "or beyond the run budget")
         if f.kind == "leak":
             return f.judged(False, "the run's last leak judgement of this source decides")
         if f.kind not in fail_on:
