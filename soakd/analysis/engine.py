@@ -34,6 +34,7 @@ from soakd.analysis.detector import (
     WindowContext,
 )
 from soakd.analysis.drift_watch import DriftDetector
+from soakd.analysis import errors as errors_mod
 from soakd.analysis.errors import ErrorDetector
 from soakd.analysis.periodic import PeriodicDrops
 from soakd.config.analysis import AnalysisConfig
@@ -311,7 +312,7 @@ class Analyzer:
             return f.judged(False, "informational")
         if f.diagnosis == "error burst":  # the error policy (soakd.analysis.errors): beyond the window budget
             budget = f.evidence.get("window_budget")
-            b = f"{budget:.0%}" if isinstance(budget, int | float) else "window"
+            b = errors_mod.pct(budget) if isinstance(budget, int | float) else "window"
             if not f.evidence.get("over_window_budget"):
                 return f.judged(False, f"an error burst within the {b} window budget: reported, not failing")
             if "errors" not in fail_on:

@@ -24,9 +24,14 @@ from soakd.config.analysis import AnalysisConfig
 from soakd.core.findings import Finding
 from soakd.core.summary import WindowSummary
 
-__all__ = ["ErrorDetector", "ErrorState", "burst_finding", "failed", "judged"]
+__all__ = ["ErrorDetector", "ErrorState", "burst_finding", "failed", "judged", "pct"]
 
 Window = WindowSummary
+
+
+def pct(share: float) -> str:
+    """A budget as people read it: 0.05 -> 5%, 0.005 -> 0.5%."""
+    return f"{share * 100:.3g}%"
 
 
 def failed(w: Window) -> int:
@@ -81,8 +86,8 @@ def burst_finding(w: Window, cfg: AnalysisConfig, span: list[Window] | None = No
         where += f" (a burst since window {before[0].window}: {ev['burst_failed']} of {ev['burst_requests']})"
     if not over:
         ev["fails"] = False
-    judgement = (f"beyond the {window_budget:.0%} window budget" if over else
-                 f"within the {window_budget:.0%} window budget, beyond the {run_budget:.0%} run budget's share")
+    judgement = (f"beyond the {pct(window_budget)} window budget" if over else
+                 f"within the {pct(window_budget)} window budget, beyond the {pct(run_budget)} run budget's share")
     return Finding(
         kind="errors", diagnosis="error burst", severity="critical" if over else "warning",
         message=f"{n_failed} of {n} requests failed ({share:.2%}) in {where}: {_text(ev)}; {judgement}",
