@@ -122,6 +122,8 @@ class Cell:
     throttle_drop: float = 0.10
     gc_mib: float = 0.0  # a garbage collector's sawtooth on top of the memory pattern: this many MiB up, released
     gc_period_s: tuple[float, float] = (1500.0, 2100.0)  # its period, drawn per run in this range
+    error_share: float = 0.0  # issue 21 item 6: this share of one window's requests fail fast (HTTP 429)
+    error_window: int | None = None  # the window of those errors
 
 
 CELLS: tuple[Cell, ...] = (
@@ -257,6 +259,17 @@ CELLS: tuple[Cell, ...] = (
          gc_period_s=(1710.0, 1794.0), probe_noise_mib=10, expect="leak_final", limit=0.90),
     Cell("mem-flat-noisy", "flat device memory, 50 MiB noise per idle probe", "live leak alert <= 2%",
          probe_noise_mib=50, expect="no_live_leak", limit=0.02),
+    # issue 21 item 6: error bursts, one policy (a per-window and a run budget; the error rate is no drift metric).
+    # "the same answer": the run's result and whether an error burst finding names the window, as in most runs
+    Cell("errors-429-2pct", "fast 429s in 2% of one window (window 12; 0.08% of the run)",
+         "the same answer >= 98% (an error burst finding, PASS)", error_share=0.02, error_window=12,
+         expect="errors_same", limit=0.98),
+    Cell("errors-429-3pct", "fast 429s in 3% of one window (window 12; 0.13% of the run)",
+         "the same answer >= 98% (an error burst finding, PASS)", error_share=0.03, error_window=12,
+         expect="errors_same", limit=0.98),
+    Cell("errors-429-8pct", "fast 429s in 8% of one window (window 12; 0.33% of the run)",
+         "the same answer >= 98% (beyond the 5% window budget: FAIL)", error_share=0.08, error_window=12,
+         expect="errors_same", limit=0.98),
 )
 
 
@@ -439,6 +452,7 @@ class RunResult:
     live_throttle: bool = False  # soakd_throttle_detected 1 after some window: the throttling page
     final_leak: bool = False  # a leak suspected by the run's last judgement
     withdrawn: bool = False  # a 'leak page withdrawn' finding
+    answer: str = ""  # issue 21 item 6: the result, and whether an errors finding named the error window
 
 
 def _sparse_times(cell: Cell, t: float, rng: random.Random) -> list[float]:
@@ -501,6 +515,17 @@ def _record(t: float, times: list[float], window: int) -> RequestRecord:
     r.prompt_tokens = 128
     r.usage_from_server = True
     return r
+
+
+def _fast_429(rec: RequestRecord, rng: random.Random, share: float) -> bool:
+    """With probability ``share``: the request is refused at once (HTTP 429, 5 ms, no token)."""
+    if rng.random() >= share:
+        return False
+    rec.token_times_ns = []
+    rec.t_end_ns = rec.t_start_ns + 5_000_000
+    rec.http_status = 429
+    rec.fail(Outcome.HTTP_ERROR, "http_429")
+    return True
 
 
 def _telemetry(cell: Cell, t: float, clock: ClockPath | None = None) -> list[Series]:
@@ -611,6 +636,9 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
             rec.fail(Outcome.CONNECTION_ERROR, "connect_refused")
             windows.finished(rec, None)
             continue
+        if cell.error_share and w == cell.error_window and _fast_429(rec, rng, cell.error_share):
+            windows.finished(rec, None)
+            continue
         rec.outcome = Outcome.OK
         gaps = [(b - a) / 1e9 for a, b in zip(rec.token_times_ns, rec.token_times_ns[1:])]
         windows.finished(rec, gaps)
@@ -658,7 +686,16 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
                                       and f.evidence.get("direction") == "worse" for f in analyzer.findings),
                      page_window=page_window,
                      live_leak=live_leak, live_throttle=live_throttle, final_leak=final_leak,
-                     withdrawn=any(f.diagnosis == "leak page withdrawn" for f in analyzer.findings))
+                     withdrawn=any(f.diagnosis == "leak page withdrawn" for f in analyzer.findings),
+                     answer=_errors_answer(cell, verdict.result, analyzer.findings))
+
+
+def _errors_answer(cell: Cell, result: str, findings: list[Any]) -> str:
+    """The run's answer to an error cell: its result, and whether a finding of kind errors names the window."""
+    named = cell.error_window is not None and any(f.kind == "errors" and f.window is not None and f.window
+                                                  <= cell.error_window <= (f.last_window or f.window)
+                                                  for f in findings)
+    return f"{result}{' + errors finding' if named else ''}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -680,7 +717,7 @@ def _run(args: tuple[str, int] | tuple[str, int, float | None]) -> dict[str, Any
             "impaired_windows": r.impaired_windows, "impaired_share": r.impaired_share, "leak_rate": r.leak_rate,
             "ab_fail": r.ab_fail, "ab_confident": r.ab_confident, "page_window": r.page_window,
             "live_leak": r.live_leak, "live_throttle": r.live_throttle, "final_leak": r.final_leak,
-            "withdrawn": r.withdrawn}
+            "withdrawn": r.withdrawn, "answer": r.answer}
 
 
 # per expectation: what a run counts for, and whether the cell's limit is an upper bound (else a lower one)
@@ -696,6 +733,7 @@ _COUNTS: dict[str, tuple[Any, bool]] = {
     "ab_pass": (lambda r, c: r["ab_fail"], True),
     "ab_fail": (lambda r, c: r["ab_fail"], False),
     "ab_confident": (lambda r, c: r["ab_confident"], True),
+    "errors_same": (None, False),  # the share of runs that give the most common answer (measure())
     "restart": (lambda r, c: r["restart_reported"] and not any(x.startswith(("drift", "leak")) for x in r["reasons"]),
                 False),
     "leak_by": (lambda r, c: r["leak_window"] is not None and r["leak_window"] <= c.by_window, False),
@@ -720,7 +758,13 @@ def measure(cell: Cell, runs: int, seed0: int, pool: ProcessPoolExecutor | None,
             kind = reason.split(":")[0]
             kinds[kind] = kinds.get(kind, 0) + 1
     counted, at_most = _COUNTS[cell.expect]
-    value = sum(bool(counted(r, cell)) for r in results) / n
+    answers: dict[str, int] = {}
+    for r in results:
+        answers[r["answer"]] = answers.get(r["answer"], 0) + 1
+    if counted is None:  # errors_same: the most common answer's share
+        value = max(answers.values()) / n
+    else:
+        value = sum(bool(counted(r, cell)) for r in results) / n
     ok = value <= cell.limit if at_most else value >= cell.limit
     rates = sorted(r["leak_rate"] for r in results if r["leak_rate"] is not None)
     return {"cell": cell.name, "what": cell.what, "target": cell.target, "runs": n, "value": value, "ok": ok,
@@ -732,7 +776,8 @@ def measure(cell: Cell, runs: int, seed0: int, pool: ProcessPoolExecutor | None,
             "leak_rate_median": rates[len(rates) // 2] if rates else None,
             "live_leak": sum(r["live_leak"] for r in results) / n,
             "live_throttle": sum(r["live_throttle"] for r in results) / n,
-            "withdrawn": sum(r["withdrawn"] for r in results) / n}
+            "withdrawn": sum(r["withdrawn"] for r in results) / n,
+            "answers": dict(sorted(answers.items(), key=lambda kv: -kv[1]))}
 
 
 MEASURE = {
@@ -744,6 +789,7 @@ MEASURE = {
     "page_by": "paged in time",
     "judged_pass": "PASS (not INCONCLUSIVE)",
     "quiet": "FAIL or throttle page", "no_live_leak": "live leak page", "leak_final": "leak found by the end",
+    "errors_same": "the same answer",
 }
 
 
@@ -801,6 +847,8 @@ def main(argv: list[str] | None = None) -> int:
                 and cell.memory == "leak" else ""
             if cell.stall_every_s:
                 extra += f", requests impaired {row.get('impaired_share', 0.0):.1%}"
+            if cell.expect == "errors_same":
+                extra += "; answers: " + ", ".join(f"{k} {v}" for k, v in row.get("answers", {}).items())
             print(f"{'PASS' if row['ok'] else 'MISS'}  {cell.name:<15} {row['value']:6.1%}  (final FAIL {row['fail']:6.1%}, "
                   f"live flag {row['live']:6.1%}, drift page {row.get('page', 0.0):6.1%}, periodic {row['periodic']:5.1%}, inconclusive "
                   f"{row['inconclusive']:5.1%}{extra}; live leak {row['live_leak']:5.1%}, live throttle "

@@ -367,10 +367,14 @@ def overview() -> dict[str, Any]:
                    "first_token_timeout, truncated_stream, garbled_output, ...).", "reqps",
                    [target(f"sum by (reason) (rate(soakd_request_failures_total{sel(SC)}[$__rate_interval]))",
                            "{{reason}}")], w=8, stack=True, min_=0),
-        timeseries("Error ratio vs budget", "Share of measured requests that failed over 5 minutes "
-                   "(soakd:request_error_ratio:rate5m); the line is the default 1% error budget.", "percentunit",
-                   [target(f"soakd:request_error_ratio:rate5m{sel()}", "error ratio {{pod}}")], w=8, min_=0,
-                   th=thresholds((None, "green"), (0.01, "red")), th_style="dashed"),
+        timeseries("Error ratio vs budget", "Share of measured requests that failed (neither ok nor cancelled) over "
+                   "5 minutes (soakd:request_error_ratio:rate5m), and soakd's error policy: the last closed window's "
+                   "and the run's failed share (soakd_error_ratio) against their budgets (soakd_error_budget_ratio: "
+                   "5% a window, 1% the run by default). Dashed lines: the default budgets.", "percentunit",
+                   [target(f"soakd:request_error_ratio:rate5m{sel()}", "error ratio 5m {{pod}}"),
+                    target(f"soakd_error_ratio{sel()}", "{{scope}} {{pod}}"),
+                    target(f"soakd_error_budget_ratio{sel()}", "{{scope}} budget {{pod}}")], w=8, min_=0,
+                   th=thresholds((None, "green"), (0.01, "orange"), (0.05, "red")), th_style="dashed"),
         timeseries("Goodput (SLO attainment)", "Share of each scenario's measured requests that met every bound of "
                    "its SLO (scenarios.<name>.slo) over 5 minutes (soakd:goodput_ratio:rate5m), its objective "
                    "(dashed) and the last closed window's goodput_ratio (what goodput drift is judged on). "
@@ -382,7 +386,7 @@ def overview() -> dict[str, Any]:
 
         row("Drift (per window, against the baseline and the previous window)"),
         timeseries("Drift vs baseline", "Signed relative change of each tracked quantity of the last closed window "
-                   "against the baseline window (error_rate: difference of ratios). Dashed lines: ±5%. "
+                   "against the baseline window (goodput_ratio: difference of ratios). Dashed lines: ±5%. "
                    "A value beyond them is flagged only when its 95% interval is beyond them too.", "percentunit",
                    [target(m("soakd_drift_ratio", 'reference="baseline"'),
                            "{{metric}}")], w=12, h=9, th=DRIFT_LINES, th_style="dashed",

@@ -232,6 +232,13 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     MetricSpec("soakd_findings_total", "counter",
                "Findings by kind (drift, leak, throttle, canary, errors, target) and severity.",
                ("kind", "severity"), group="analysis"),
+    MetricSpec("soakd_error_ratio", "gauge",
+               "The share of measured requests that failed (neither ok nor cancelled), by scope: window = the last "
+               "closed window the error policy judged (absent while the last had the target down or too few "
+               "requests), run = every full window so far.", ("scope",), group="analysis"),
+    MetricSpec("soakd_error_budget_ratio", "gauge",
+               "The error policy's budgets, by scope: window = analysis.errors.window_budget (a window beyond it "
+               "fails the run), run = analysis.verdict.error_budget.", ("scope",), group="analysis"),
     MetricSpec("soakd_verdict_pass", "gauge",
                "1 while no finding fails the run (analysis.verdict.fail_on), 0 once one does.", group="analysis"),
     # ---- A/B (several targets: each candidate against the reference)

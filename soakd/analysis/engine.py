@@ -36,6 +36,8 @@ from soakd.analysis.detector import (
     WindowContext,
 )
 from soakd.analysis.drift_watch import DriftDetector
+from soakd.analysis import errors as errors_mod
+from soakd.analysis.errors import ErrorDetector
 from soakd.analysis.periodic import PeriodicDrops
 from soakd.config.analysis import AnalysisConfig
 from soakd.core.findings import Finding, failing_reason
@@ -148,10 +150,11 @@ class Analyzer:
         self.freeze.planned = self.planned_windows
         self.restarts = RestartDetector()
         self.client = ClientDetector()
+        self.errors = ErrorDetector(config)
         self.ab = AbDetector(ab) if ab is not None else None
         self.detectors: tuple[Detector, ...] = (
             self.drift_detector, self.throttle, self.leak, self.gpu, self.diagnosis, self.freeze, self.restarts,
-            self.client, PowerCapDetector(), *((self.ab,) if self.ab is not None else ()))
+            self.client, PowerCapDetector(), self.errors, *((self.ab,) if self.ab is not None else ()))
         self.findings: list[Finding] = []  # every finding so far, judged (the newest 10,000)
         self.finding_counts: dict[tuple[str, str], int] = {}
         self.failing_findings: list[Finding] = []  # the window findings that fail the run
@@ -326,12 +329,22 @@ class Analyzer:
         fail_on = self.cfg.verdict.fail_on
         if f.severity == "info":
             return f.judged(False, "informational")
+        if f.diagnosis == "error burst":  # the error policy (soakd.analysis.errors): beyond the window budget
+            budget = f.evidence.get("window_budget")
+            b = errors_mod.pct(budget) if isinstance(budget, int | float) else "window"
+            if not f.evidence.get("over_window_budget"):
+                return f.judged(False, f"an error burst within the {b} window budget: reported, not failing")
+            if "errors" not in fail_on:
+                return f.judged(False, "'errors' is not in analysis.verdict.fail_on")
+            return f.judged(True, failing_reason(f.kind, f.diagnosis, f.window, f.last_window)
+                            + f": beyond the {b} window budget")
         if not f.spec.fails or f.evidence.get("fails") is False:
             return f.judged(False, f"{f.diagnosis}: reported, never failing")
         if f.evidence.get("tier") == "likely":
             return f.judged(False, "a likely change: reported, not failing")
         if f.kind == "errors":
-            return f.judged(False, "errors fail the run only beyond the run's error budget")
+            return f.judged(False, "errors fail the run only as an error burst beyond the window budget "
+                            "or beyond the run budget")
         if f.kind == "leak":
             return f.judged(False, "the run's last leak judgement of this source decides")
         if f.kind not in fail_on:
@@ -380,10 +393,12 @@ class Analyzer:
         if error_rate is not None and error_rate > budget:
             failed, requests = self.history.failed_requests()
             text = f"error rate {error_rate:.2%} is above the budget {budget:.2%}"
+            bursts = self.errors.state().bursts
+            where = f" (error bursts in windows {', '.join(map(str, bursts[:12]))})" if bursts else ""
             out.append(Finding(kind="errors", diagnosis="error budget exceeded", severity="critical",
-                               message=f"{failed} of {requests} measured requests failed over the run: {text}",
+                               message=f"{failed} of {requests} measured requests failed over the run: {text}{where}",
                                evidence={"error_rate": error_rate, "budget": budget, "failed": failed,
-                                         "requests": requests},
+                                         "requests": requests, "burst_windows": list(bursts)},
                                fails="errors" in fail_on,
                                why=f"errors: {text}" if "errors" in fail_on else
                                "'errors' is not in analysis.verdict.fail_on"))

@@ -15,7 +15,7 @@ from soakd.analysis.sketch import RELATIVE_ACCURACY, merged, new_sketch, quantil
 from soakd.analysis.stats import quantile_ci
 from soakd.analysis.telemetry import TelemetryStats
 from soakd.config.analysis import ClientConfig
-from soakd.core.records import OUTCOMES, Outcome, RequestRecord
+from soakd.core.records import OUTCOMES, Outcome, RequestRecord, bounded_reason
 from soakd.core.series import Series
 from soakd.core.summary import (
     ClientSummary,
@@ -267,7 +267,7 @@ class OpenWindow:
 
     __slots__ = ("index", "start", "end", "wall_start", "scenarios", "telemetry", "quiesce", "in_flight",
                  "late_records", "closed", "paused_seconds", "target_down_seconds", "sub_seconds", "sub",
-                 "closed_as", "revision", "client", "kv_saturated_ratio")
+                 "closed_as", "revision", "client", "kv_saturated_ratio", "failures")
 
     def __init__(self, index: int, start: float, end: float, wall_start: float,
                  sub_length: float | None = None, kv_saturated_ratio: float = 0.98) -> None:
@@ -289,6 +289,7 @@ class OpenWindow:
         self.closed_as: tuple[float | None, bool] = (None, False)  # (actual end, partial) when it closed
         self.client = ClientStats(start, end - start)
         self.revision = 0
+        self.failures: dict[str, int] = {}  # failed requests by bounded reason (the error policy's evidence)
 
     def sub_index(self, t: float) -> int:
         """The sub-window of monotonic time ``t``."""
@@ -307,6 +308,9 @@ class OpenWindow:
         s = self.stats(rec.scenario)
         s.count += 1
         s.outcomes[rec.outcome.value] += 1
+        if rec.outcome is not Outcome.OK and rec.outcome is not Outcome.CANCELLED:
+            why = bounded_reason(rec)
+            self.failures[why] = self.failures.get(why, 0) + 1
         if rec.slo_met is not None:
             s.slo_requests += 1
             s.slo_met += rec.slo_met
@@ -404,6 +408,7 @@ class OpenWindow:
             partial=partial,
             requests=total,
             outcomes=outcomes,
+            failures=dict(sorted(self.failures.items())),
             error_rate=(1 - ok / total) if total else None,
             mix={n: (v.requests / total if total else 0.0) for n, v in per.items()},
             e2e_seconds=quantiles(merged(s.e2e for s in sketches), confidence),

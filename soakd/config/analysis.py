@@ -4,7 +4,7 @@ probes, the canary and the verdict. Models only: the analysis itself lives in ``
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -20,6 +20,7 @@ __all__ = [
     "ClientConfig",
     "DiagnosisConfig",
     "DriftConfig",
+    "ErrorsConfig",
     "KvSaturationConfig",
     "LeakConfig",
     "QuiesceConfig",
@@ -38,6 +39,14 @@ DEFAULT_CANARY_PROMPT = (
 )
 
 
+NOT_DRIFT = frozenset({"error_rate"})
+ERROR_RATE_THRESHOLD = 0.01  # the retired analysis.drift.error_rate_threshold's value
+ERROR_RATE_NOT_DRIFT = (
+    "error_rate is not a drift metric: errors are judged against their budgets, analysis.errors.window_budget "
+    "(each window) and analysis.verdict.error_budget (the run); remove it from analysis.drift.metrics"
+)
+
+
 class DriftConfig(_Model):
     """Drift detection (``analysis.drift``)."""
 
@@ -48,13 +57,6 @@ class DriftConfig(_Model):
         description="Relative change (0.05 = 5%) against the baseline or previous window beyond which a "
         "metric has drifted, when the change is also statistically significant.",
     )
-    error_rate_threshold: float = Field(
-        0.01,
-        gt=0,
-        lt=1,
-        description="error_rate is compared in absolute terms: the difference of the two error ratios "
-        "(0.01 = one percentage point) beyond which it has drifted.",
-    )
     goodput_threshold: float = Field(
         0.02,
         gt=0,
@@ -64,7 +66,7 @@ class DriftConfig(_Model):
     )
     per_metric: dict[str, float] = Field(
         default_factory=dict,
-        description="Per-metric thresholds overriding threshold (and error_rate_threshold), e.g. "
+        description="Per-metric thresholds overriding threshold (and goodput_threshold), e.g. "
         "{e2e_p95: 0.08}. Keys are metric names.",
     )
     confidence: float = Field(
@@ -90,9 +92,25 @@ class DriftConfig(_Model):
     metrics: list[str] = Field(
         default_factory=lambda: list(DEFAULT_METRICS),
         description="Tracked metrics: e2e/ttft/itl _p50/_p95/_p99, output_tokens_per_second, "
-        "requests_per_second, error_rate, energy_per_token, goodput_ratio (added by itself when a "
-        "scenario has an slo).",
+        "requests_per_second, energy_per_token, goodput_ratio (added by itself when a "
+        "scenario has an slo). Not error_rate: errors are judged against their budgets (analysis.errors); a "
+        "list that names it (an older print-config's) loads without it.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retired(cls, data: Any) -> Any:
+        """The error rate's drift test is retired. What an older print-config (or a stored run's configuration)
+        wrote is dropped: error_rate from metrics, error_rate_threshold at its old default; any other
+        error_rate_threshold is an error that says why (as error_rate in per_metric is)."""
+        if isinstance(data, dict) and ("error_rate_threshold" in data or "error_rate" in (data.get("metrics") or ())):
+            data = dict(data)
+            if "error_rate_threshold" in data and data.pop("error_rate_threshold") != ERROR_RATE_THRESHOLD:
+                raise ValueError(ERROR_RATE_NOT_DRIFT.replace("remove it from analysis.drift.metrics",
+                                                              "remove analysis.drift.error_rate_threshold"))
+            if isinstance(data.get("metrics"), list):
+                data["metrics"] = [m for m in data["metrics"] if m not in NOT_DRIFT]
+        return data
 
     @field_validator("metrics")
     @classmethod
@@ -119,13 +137,15 @@ class DriftConfig(_Model):
     def _non_empty(self) -> DriftConfig:
         if not self.metrics:
             raise ValueError("metrics must name at least one metric")
+        if NOT_DRIFT & set(self.per_metric):
+            raise ValueError(ERROR_RATE_NOT_DRIFT.replace("analysis.drift.metrics", "analysis.drift.per_metric"))
         return self
 
     def threshold_for(self, metric: str) -> float:
         if metric in self.per_metric:
             return self.per_metric[metric]
-        if metric == "error_rate":
-            return self.error_rate_threshold
+        if metric == "error_rate":  # soakd.analysis.drift.compare of an error rate (no drift metric any more)
+            return ERROR_RATE_THRESHOLD
         return self.goodput_threshold if metric == "goodput_ratio" else self.threshold
 
 
@@ -431,7 +451,8 @@ class VerdictConfig(_Model):
         )
     )
     error_budget: float = Field(
-        0.01, ge=0, le=1, description="Run-wide share of failed measured requests allowed before 'errors' fails it."
+        0.01, ge=0, le=1, description="Run-wide share of failed measured requests allowed before 'errors' fails it "
+        "(the run budget; each window's is analysis.errors.window_budget)."
     )
     min_judged_share: float = Field(
         0.5,
@@ -439,6 +460,29 @@ class VerdictConfig(_Model):
         le=1,
         description="A run in which fewer of its full windows could be judged (target up, enough requests; "
         "client-impaired windows are not judged either) ends INCONCLUSIVE (exit code 3), never PASS.",
+    )
+
+
+class ErrorsConfig(_Model):
+    """The error policy (``analysis.errors``; ``soakd.analysis.errors``): each full window's failed requests
+    against a per-window budget, the run's against ``analysis.verdict.error_budget``."""
+
+    window_budget: float = Field(
+        0.05,
+        gt=0,
+        le=1,
+        description="The share of one window's measured requests that may fail (neither ok nor cancelled). A "
+        "window beyond it (target up, at least analysis.drift.min_requests requests) is an error burst that fails "
+        "the run (kind errors, when analysis.verdict.fail_on names it); a burst within it (more failures than the "
+        "run budget's share, with confidence) is a warning that does not fail.",
+    )
+    confidence: float = Field(
+        0.999,
+        gt=0.5,
+        lt=1,
+        description="A window is an error burst only when its failures exceed the run budget's share of its "
+        "requests with this confidence (a one-sided binomial test): a server failing steadily within the run "
+        "budget makes none.",
     )
 
 
@@ -458,6 +502,7 @@ class AnalysisConfig(_Model):
     client: ClientConfig = Field(default_factory=ClientConfig)
     kv_saturated: KvSaturationConfig = Field(default_factory=KvSaturationConfig)
     verdict: VerdictConfig = Field(default_factory=VerdictConfig)
+    errors: ErrorsConfig = Field(default_factory=ErrorsConfig)
     ab: AbConfig = Field(default_factory=AbConfig)
     baseline: Path | None = Field(
         None, description="An earlier run's JSON report (or its windows) to use as the baseline instead of the "

@@ -196,7 +196,13 @@ DIAGNOSES: dict[str, Diagnosis] = {d.name: d for d in (
     _d("error budget exceeded", "errors", "critical", "errors", "soakderrorrateabovebudget",
        "more requests failed over the run than its error budget allows",
        "the windows with errors (the table's errors column) and their findings; server logs",
-       ("error_rate", "budget", "failed", "requests"), end_of_run=True),
+       ("error_rate", "budget", "failed", "requests", "burst_windows"), end_of_run=True),
+    _d("error burst", "errors", "critical", "errors", "soakderrorrateabovebudget",
+       "a window whose requests failed beyond the run budget's share with confidence (a burst): critical and failing "
+       "beyond the window budget (analysis.errors.window_budget), a warning within it",
+       "the failures by reason (http_429: rate limits or admission; http_5xx: server logs; timeout: load vs the knee); "
+       "the server's logs at that time",
+       ("failed", "requests", "share", "failures", "outcomes", "window_budget", "run_budget", "burst_windows")),
     _d("bandwidth or cache pressure", "drift", "warning", "performance", "soakdlatencyp95drift",
        "long generations and long contexts slowing down faster than short chat",
        "memory bandwidth, KV-cache evictions and recomputation, prefix-cache hit rate", ("comparisons",)),

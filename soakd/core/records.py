@@ -131,3 +131,17 @@ class RequestRecord:
             f"status={self.http_status}, e2e={self.e2e_seconds:.4f}s, ttft={self.ttft_seconds}, "
             f"tokens={self.prompt_tokens}/{self.completion_tokens})"
         )
+
+
+_HTTP_REASONS = {400, 401, 403, 404, 408, 413, 422, 429, 500, 502, 503, 504}
+
+
+def bounded_reason(rec: RequestRecord) -> str:
+    """A label-safe reason: the client's reasons form a fixed set, HTTP statuses are folded."""
+    r = rec.reason
+    if r.startswith("http_"):
+        status = rec.http_status
+        if status in _HTTP_REASONS:
+            return f"http_{status}"
+        return "http_4xx" if 400 <= status < 500 else "http_5xx" if 500 <= status < 600 else "http_other"
+    return r or rec.outcome.value

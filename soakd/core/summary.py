@@ -228,7 +228,7 @@ class Goodput(_Part):
 
 class _WithGoodput(_Part):
     """A summary whose ``goodput`` is dumped only where there is one (a run without SLOs keeps
-    its documents as they were)."""
+    its documents as they were); a window's ``failures`` likewise only where a request failed."""
 
     goodput: Goodput | None = None
 
@@ -237,6 +237,8 @@ class _WithGoodput(_Part):
         out = handler(self)
         if out.get("goodput", 0) is None:
             del out["goodput"]
+        if out.get("failures", 0) == {}:
+            del out["failures"]
         return out
 
 
@@ -270,6 +272,7 @@ class WindowSummary(_WithGoodput):
     partial: bool = False
     requests: int = 0
     outcomes: dict[str, int] = Field(default_factory=dict)
+    failures: dict[str, int] = Field(default_factory=dict)  # failed requests by bounded reason (http_429, ...)
     error_rate: float | None = None
     mix: dict[str, float] = Field(default_factory=dict)
     e2e_seconds: Quantiles = Field(default_factory=Quantiles)

@@ -61,10 +61,10 @@ DEFAULT_METRICS: tuple[str, ...] = (
     "itl_p95",
     "output_tokens_per_second",
     "requests_per_second",
-    "error_rate",
     "energy_per_token",
     # issue 21 item 5: the tails, judged wherever a window has the samples for them (563 for a p99 interval
     # at 95%; fewer: the window is "insufficient" for them, never judged), in the same run-level family
     "e2e_p99",
     "ttft_p99",
 )
+"""Not ``error_rate``: errors are judged against their budgets (``soakd.analysis.errors``), not as drift."""

@@ -139,7 +139,8 @@ def checks(report: RunReport) -> list[Case]:
 
     # each tracked metric: failed when a finding that fails the run names it (over its whole span)
     stability = v.stability
-    metrics = list(dict.fromkeys([*report.thresholds, *stability]))
+    # not the error rate: no drift metric, judged by its budgets (the soakd.errors case)
+    metrics = [m for m in dict.fromkeys([*report.thresholds, *stability]) if m != "error_rate"]
     for m in metrics:
         case = Case("soakd.drift", m)
         st = stability.get(m)

@@ -10,6 +10,7 @@ from prometheus_client.core import Metric
 from soakd.analysis.drift import metric_value
 from soakd.analysis.detector import AbState, LeakState, ThrottleState
 from soakd.analysis.drift_watch import DriftState
+from soakd.analysis.errors import ErrorState
 from soakd.analysis.engine import LEAK_SOURCES_BYTES, Analyzer, FindingsState, ProbeState
 from soakd.core.findings import KINDS
 from soakd.core.reasons import CLOCKS_EVENT_REASON_NAMES
@@ -157,6 +158,16 @@ class AnalysisExporter:
             for sev in ("warning", "critical"):
                 fc.add_metric([kind, sev], float(found.counts.get((kind, sev), 0)))
         yield fc
+        es: ErrorState = states["errors"]
+        er = BY_NAME["soakd_error_ratio"].family()
+        for scope, v in (("window", es.window_ratio), ("run", es.run_ratio)):
+            if v is not None:
+                er.add_metric([scope], v)
+        yield er
+        eb = BY_NAME["soakd_error_budget_ratio"].family()
+        eb.add_metric(["window"], es.window_budget)
+        eb.add_metric(["run"], es.run_budget)
+        yield eb
         vp = BY_NAME["soakd_verdict_pass"].family()
         vp.add_metric([], 0.0 if found.failing else 1.0)
         yield vp

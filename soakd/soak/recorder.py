@@ -12,12 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from itertools import pairwise
 
-from soakd.core.records import OUTCOMES, Outcome, RequestRecord
+from soakd.core.records import OUTCOMES, Outcome, RequestRecord, bounded_reason
 from soakd.core.timeline import SYSTEM_CLOCK, Clock
 from soakd.metrics import SoakMetrics
 from soakd.soak.windows import WindowSet
 
-_HTTP_REASONS = {400, 401, 403, 404, 408, 413, 422, 429, 500, 502, 503, 504}
 # soakd_target_up goes to 0 on a failed connect, on a response timeout without headers, and on any
 # other connection error (server_disconnected, connection_reset, disconnected) only when the target
 # has not answered a request in full for this long: a server that closes reused keep-alive
@@ -26,17 +25,6 @@ _HTTP_REASONS = {400, 401, 403, 404, 408, 413, 422, 429, 500, 502, 503, 504}
 DROP_WHILE_UP_NS = 5_000_000_000
 
 RecordListener = Callable[[RequestRecord], None]
-
-
-def bounded_reason(rec: RequestRecord) -> str:
-    """A label-safe reason: the client's reasons form a fixed set, HTTP statuses are folded."""
-    r = rec.reason
-    if r.startswith("http_"):
-        status = rec.http_status
-        if status in _HTTP_REASONS:
-            return f"http_{status}"
-        return "http_4xx" if 400 <= status < 500 else "http_5xx" if 500 <= status < 600 else "http_other"
-    return r or rec.outcome.value
 
 
 class Recorder:

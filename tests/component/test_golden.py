@@ -101,6 +101,21 @@ live confidence (1 - 0.05/looks), so the live ``leaks.*.ci`` of windows 4-7 (dev
 kv_residue; none suspected before or after) are wider (infinite at these few points). The verdict's
 leaks (the last judgement, at 95%) did not move.
 
+Regenerated for issue 21 (item 6, errors, one policy), checked key by key. ``windows.json``: each window
+with failed requests gains ``failures`` (failed requests by bounded reason: ``http_503``,
+``first_token_timeout``); nothing else moved. ``analysis.json``: the error rate is no drift metric (the
+stored run's configuration lists it; it loads without it), so every ``error_rate`` entry is gone (its
+drift results, ``drift_active``, detectable change, stability, ``soakd_drift_*``/``soakd_window_value``/
+``soakd_stability_spread_ratio`` series), ``soakd_error_ratio`` and ``soakd_error_budget_ratio`` (window, run)
+are new; and with one metric fewer in the run's family of live comparisons (9 metrics x windows x 2
+references instead of 10) the live z is smaller, so each metric's detectable change (``one_window``,
+``pooled_12_windows``, ``soakd_drift_detectable_ratio`` and the pool-completion message: e2e_p50 786.8% ->
+775.3%, ...) and the energy_per_token change's interval (+11.4%..+121.9% -> +11.9%..+121.0%) narrowed a
+little. No flag, finding or verdict moved. ``live-shape.json`` by hand (a live run on a loaded machine
+had no baseline pool): ``error_rate`` left the label values of ``soakd_drift_detected``,
+``soakd_drift_events``, ``soakd_stability_spread_ratio`` and ``soakd_window_value`` and the verdict's
+``stability``; the two ``soakd_error_*`` families are new.
+
 1. ``report-*.{json,md}``: ``soakd report`` of the two runs in ``tests/fixtures/state-v2`` (a
    state dir that release wrote: a finished run with throttling, a power cap and a latency step,
    and a resumable run stopped by SIGTERM), exact modulo the generation time.

@@ -193,15 +193,17 @@ def test_throughput_and_error_drift_in_an_outage_window_is_the_restart() -> None
     base = make_window(0, rng, 2000)
     w = make_window(4, rng, 2000, error_rate=0.6, error_outcome="connection_error", target_down_seconds=17.0)
     dr = drift.evaluate(w, base, None)
-    assert any(r.metric == "error_rate" and r.status == "drift" for r in dr)
+    # the error rate is no drift metric (issue 21 item 6: errors are judged against their budgets)
+    assert not any(r.metric == "error_rate" for r in dr)
+    assert any(r.metric == "output_tokens_per_second" and r.status == "drift" for r in dr)
     f = _by(diagnose(w, dr))
     t = f["target restarted"]
-    assert "from the outage" in t.message and "error_rate" in t.message
-    assert any(d["metric"] == "error_rate" for d in t.evidence["drift"])
+    assert "from the outage" in t.message and "output_tokens_per_second" in t.message
+    assert any(d["metric"] == "output_tokens_per_second" for d in t.evidence["drift"])
     assert "performance drift" not in f
     # latency drift in the same window is not the outage's: still reported
     slow = make_window(5, rng, 3000, scale=1.3, error_rate=0.6, error_outcome="connection_error",
                        target_down_seconds=17.0)  # fmt: skip
     f2 = _by(diagnose(slow, drift.evaluate(slow, make_window(0, rng, 3000), None)))
     assert "target restarted" in f2 and "e2e_p50" in f2["performance drift"].message
-    assert "error_rate" not in f2["performance drift"].message
+    assert "output_tokens_per_second" not in f2["performance drift"].message

@@ -17,6 +17,7 @@ from soakd.analysis.drift import (
     stability,
 )
 from soakd.config.analysis import DriftConfig
+from soakd.core.summary import Goodput
 from soakd.core.tracked import DEFAULT_METRICS
 from helpers.windows import make_window, simple_window
 
@@ -238,12 +239,29 @@ def test_stability_verdict() -> None:
     assert stability([ws[0]], cfg)["e2e_p50"]["stable"] is None
 
 
-def test_stability_error_rate_is_absolute() -> None:
+def test_stability_of_a_ratio_is_absolute() -> None:
+    """goodput_ratio, a share (as error_rate was before it left the drift metrics: issue 21 item 6), is judged by
+    its absolute spread max - min."""
     rng = random.Random(12)
-    ws = [make_window(i, rng, 1000, error_rate=0.002) for i in range(6)]
-    s = stability(ws, DriftConfig(metrics=["error_rate"]))["error_rate"]
+    ws = [make_window(i, rng, 1000).model_copy(update={"goodput": Goodput(requests=1000, met=990 - i)})
+          for i in range(6)]
+    s = stability(ws, DriftConfig(metrics=["goodput_ratio"]))["goodput_ratio"]
     assert s["absolute"] is True and s["stable"] is True
-    assert s["spread"] == pytest.approx(s["max"] - s["min"])
+    assert s["spread"] == pytest.approx(s["max"] - s["min"]) and s["spread"] == pytest.approx(0.005)
+
+
+def test_the_error_rate_is_no_drift_metric() -> None:
+    """Issue 21 item 6: errors are judged against their budgets (soakd.analysis.errors), never as drift; a config
+    that sets the error rate's drift threshold is told so, by field; an older print-config's list loads without it."""
+    assert "error_rate" not in DEFAULT_METRICS and "error_rate" not in DriftConfig().metrics
+    for bad, field in (({"error_rate_threshold": 0.02}, "drift.error_rate_threshold"),
+                       ({"per_metric": {"error_rate": 0.02}}, "drift.per_metric")):
+        with pytest.raises(ValidationError, match=f"error_rate is not a drift metric.*window_budget.*{field}"):
+            DriftConfig(**bad)
+    # what an older print-config (or a stored run's configuration) wrote still loads, without the error rate
+    old = {"metrics": ["e2e_p50", "error_rate", "energy_per_token"], "error_rate_threshold": 0.01}
+    assert DriftConfig(**old).metrics == ["e2e_p50", "energy_per_token"]
+    assert DriftConfig(**{**old, "metrics": [*DEFAULT_METRICS, "error_rate"]}).metrics == list(DEFAULT_METRICS)
 
 
 def test_recurring_drops_found_in_a_periodic_pattern() -> None:
