@@ -1,5 +1,8 @@
 """Configuration of the analysis (``analysis:``): drift, leaks, throttling, diagnosis, quiesce
-probes, the canary and the verdict. Models only: the analysis itself lives in ``soakd.analysis``."""
+probes, the canary and the verdict. Models only: the analysis itself lives in ``soakd.analysis``.
+
+Longer than 500 lines: every knob a user can set under ``analysis:``, each with the description that
+``--print-config``, the docs and the config errors show; one section, one module."""
 
 from __future__ import annotations
 

@@ -7,6 +7,9 @@ lines, JUnit, ``/status``, ``soakd compare`` — renders findings through this r
 report section, the runbook anchor, what is seen and what to check, and the evidence to show. A
 finding of a diagnosis that is not registered cannot be built (a test also checks every diagnosis
 the code names), so no output can leave one out.
+
+Longer than 500 lines: the registry is one table, one entry per kind with its words for people
+(title, what is seen, what to check, evidence); it is data, kept in one place on purpose.
 """
 
 from __future__ import annotations
