@@ -21,7 +21,8 @@ from helpers import run_soakd, sim_server
 pytestmark = pytest.mark.timeout(120)
 
 BASE = {"ttft_base": 0.02, "tpot_base": 0.01, "tpot_per_batch": 0, "ttft_per_prompt_token": 0, "jitter": 0.1}
-LAX_CLIENT = {"max_stall_share": 1.0, "max_lag": 3600, "max_throttled_share": 1.0}
+LAX_CLIENT = {"max_stall_share": 1.0, "max_lag": 3600, "max_throttled_share": 1.0, "request_max_lag": 3600,
+              "max_impaired_share": 1.0}
 
 
 def ab_config(ref_url: str, cand_url: str, state: Path, **analysis: Any) -> Any:

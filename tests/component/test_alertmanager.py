@@ -18,7 +18,7 @@ The pods and their simulator faults (times are the simulator's uptime):
 ==============  ============================================  =====================================
 pod             fault                                         must reach the receiver
 ==============  ============================================  =====================================
-soakd-throttle  thermal throttling 40-65 s, SM clock at 50%   SoakdGPUThrottling, then resolved
+soakd-throttle  thermal throttling 40-80 s, SM clock at 50%   SoakdGPUThrottling, then resolved
 soakd-down      the server goes away at 45 s for 20 s and     SoakdTargetDown and
                 comes back as a new process                   SoakdServerRestarted, each resolved
 soakd-step      every delay +100% from 70 s to 110 s          a drift alert (kind drift), resolved
@@ -33,6 +33,11 @@ a ``runbook_url`` whose anchor is a section of docs/runbooks.md, and arrive at t
 severity routes to. The time from each fault's start to its first notification is printed (the
 closing note quotes it); it is not asserted (a shared 2-core machine), only bounded by the test's
 deadline.
+
+The throttle lasts four 10-second windows: SoakdGPUThrottling pages only with an impact (issue 21: the
+SM clock beyond its noise and latency drift measured with confidence in the same window), and a
+window here holds about 100 requests, so an episode of two and a half windows (25 s, as before)
+paged in some runs and not in others.
 
 soakd's own-health thresholds are relaxed here (as in test_prometheus.py): five soakd processes share
 two cores with Prometheus and Alertmanager, and a window soakd judged client-impaired would be
@@ -86,6 +91,8 @@ COMMON_ENV = {
     "SOAKD_ANALYSIS__CLIENT__MAX_STALL_SHARE": "1",
     "SOAKD_ANALYSIS__CLIENT__MAX_LAG": "1h",
     "SOAKD_ANALYSIS__CLIENT__MAX_THROTTLED_SHARE": "1",
+    "SOAKD_ANALYSIS__CLIENT__REQUEST_MAX_LAG": "1h",
+    "SOAKD_ANALYSIS__CLIENT__MAX_IMPAIRED_SHARE": "1",
     "SOAKD_ANALYSIS__QUIESCE__SETTLE": "0.2s",
 }
 
@@ -106,7 +113,7 @@ class Pod:
 def pods() -> list[Pod]:
     return [
         Pod("soakd-throttle", {"SOAKD_SIM__FAULTS__THERMAL_THROTTLE_AT": "40s",
-                               "SOAKD_SIM__FAULTS__THERMAL_THROTTLE_DURATION": "25s",
+                               "SOAKD_SIM__FAULTS__THERMAL_THROTTLE_DURATION": "40s",
                                "SOAKD_SIM__FAULTS__THERMAL_THROTTLE_CLOCK_RATIO": "0.5"},
             40.0, ("SoakdGPUThrottling",), True),
         Pod("soakd-down", {"SOAKD_SIM__FAULTS__RESTART_AFTER": "45s",

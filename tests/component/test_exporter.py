@@ -303,7 +303,8 @@ async def test_every_catalogue_metric_appears_in_a_live_scrape(tmp_path: Path) -
             "analysis": {"quiesce": {"settle": 0.05}, "canary": {"max_tokens": 4},
                          "drift": {"baseline_windows": 1},  # drift ratios from the second window on
                          # every 1 s window judged, however busy this machine keeps soakd
-                         "client": {"max_stall_share": 1.0, "max_lag": 3600, "max_throttled_share": 1.0}},
+                         "client": {"max_stall_share": 1.0, "max_lag": 3600, "max_throttled_share": 1.0,
+                                    "request_max_lag": 3600, "max_impaired_share": 1.0}},
             "metrics": {"host": "127.0.0.1", "port": 0}, "log": {"progress": False},
         }, environ={})  # fmt: skip
         runtime = Runtime(cfg, progress=False, nvml_module=fake_pynvml, new_run=True)

@@ -167,6 +167,8 @@ async def test_every_dashboard_and_rule_expression_returns_data(tmp_path: Path) 
             env=soakd_env(SOAKD_ANALYSIS__QUIESCE__SETTLE="0.2s", SOAKD_SIM__FAULTS__ERROR_RATE_500="0.01",
                           SOAKD_ANALYSIS__CLIENT__MAX_STALL_SHARE="1", SOAKD_ANALYSIS__CLIENT__MAX_LAG="1h",
                           SOAKD_ANALYSIS__CLIENT__MAX_THROTTLED_SHARE="1",
+                          SOAKD_ANALYSIS__CLIENT__REQUEST_MAX_LAG="1h",
+                          SOAKD_ANALYSIS__CLIENT__MAX_IMPAIRED_SHARE="1",
                           # an SLO (goodput panel, SLO alert); generous, so that the demo meets it
                           SOAKD_SCENARIOS__SHORT_CHAT__SLO__E2E="60s"),
             cwd=tmp_path,

@@ -22,7 +22,8 @@ def _args(url: str, state: Path, *extra: str, cfg_dir: Path | None = None, yaml_
     # short outputs so a 1 s window holds enough requests (>= 50) to choose a baseline; these tests are about
     # the run's lifecycle, not soakd's own health: a 1 s window is judged even when this machine stalls soakd
     base = {"scenarios": {"short_chat": {"max_tokens": 8, "prompt_tokens": 32}},
-            "analysis": {"client": {"max_stall_share": 1.0, "max_lag": 3600, "max_throttled_share": 1.0}}}
+            "analysis": {"client": {"max_stall_share": 1.0, "max_lag": 3600, "max_throttled_share": 1.0,
+                                    "request_max_lag": 3600, "max_impaired_share": 1.0}}}
     cfg.write_text(yaml.safe_dump(deep_merge(base, yaml.safe_load(yaml_extra) or {})))
     return [
         "run", "-c", str(cfg), "--target", url, "--duration", "60s", "--window", "1s", "--warmup", "0s",

@@ -571,7 +571,8 @@ async def test_ab_soak_vllm_against_llama_cpp(vllm: VllmServer, tmp_path: Path) 
         "scenarios": {"short_chat": {"prompt_tokens": [64, 128], "max_tokens": 16, "extra_body": {"ignore_eos": True}}},
         "samplers": {"interval": "1s", "nvml": {"mode": "off"}},
         "analysis": {"quiesce": {"enabled": False}, "canary": {"enabled": False}, "drift": {"baseline_windows": 2},
-                     "client": {"max_stall_share": 1.0, "max_lag": "1h", "max_throttled_share": 1.0}},
+                     "client": {"max_stall_share": 1.0, "max_lag": "1h", "max_throttled_share": 1.0,
+                                "request_max_lag": "1h", "max_impaired_share": 1.0}},
     }))
     (tmp_path / "llama").mkdir()
     async with LlamaServer(tmp_path / "llama") as llama:
