@@ -311,7 +311,10 @@ async def test_stationary_noisy_simulator_is_not_flagged_over_twenty_windows(tmp
     assert len(results) == sum(w["window"] > pool_last for w in windows) * 2 * len(metrics), len(results)
     judged = [r for r in results if r.window not in impaired
               and not (r.reference == "previous" and r.window - 1 in impaired)]
-    not_ok = [r.message() for r in judged if r.status != "ok"]
+    # the p99s (tracked by default, issue 21) need more samples than these 2 s windows hold: "insufficient", never
+    # flagged; every other comparison is ok
+    tails = {m for m in metrics if m.endswith("_p99")}
+    not_ok = [r.message() for r in judged if r.status != "ok" and not (r.metric in tails and r.status == "insufficient")]
     assert not_ok == [], (not_ok, f"loop stalls (ms) by window: {stalls}")
     assert all(r.status == "insufficient" for r in results if r.window in impaired)
     assert [f for f in d.analyzer.findings if f.severity != "info"] == [], (
@@ -334,7 +337,7 @@ async def test_stationary_noisy_simulator_is_not_flagged_over_twenty_windows(tmp
     assert {e.kind for e in stored if e.severity != "info"} == set(), [(e.kind, e.message) for e in stored]
     assert {e.kind for e in stored} <= {"baseline", "canary_reference", "client", "drift"}, {e.kind for e in stored}
 
-    ok = [r for r in judged if r.ratio is not None]
+    ok = [r for r in judged if r.ratio is not None and r.ratio_ci is not None]  # insufficient p99s have no interval
     worst = {m: max((abs(r.ratio) for r in ok if r.metric == m), default=0.0) for m in metrics}
     # how close a comparison came to a flag: the interval's near end beyond the threshold (> 0 flags)
     # (none when every window after the pool was client-impaired: then there is no closest one to print)
