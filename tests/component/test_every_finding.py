@@ -96,7 +96,9 @@ def _example(i: int, diagnosis: str) -> Finding:
     spec = DIAGNOSES[diagnosis]
     evidence, _ = EXAMPLES[diagnosis]
     window = None if diagnosis in ("error budget exceeded", "periodic drops", "leak page withdrawn") else i % 8
-    span = window + 2 if diagnosis in ("confident drift", "creep") and window is not None else None
+    if diagnosis == "confident drift":  # windows 5..7 of the 8 stored, wherever the registry lists it
+        window = 5
+    span = min(window + 2, 7) if diagnosis in ("confident drift", "creep") and window is not None else None
     return Finding(kind=spec.kind, diagnosis=diagnosis, severity=spec.severity, message=f"the {diagnosis} finding #{i}",
                    evidence=evidence, window=window, last_window=span)
 
