@@ -413,7 +413,7 @@ async def test_device_memory_leak_is_diagnosed_as_memory_leak(tmp_path: Path) ->
     """The simulated GPU leaks 1 GiB/s of device memory (the fake NVML reads it); the idle device memory
     of the quiesce probe in each 1 s window climbs ~1 GiB a window: a 'memory leak' finding (a sustained
     climb) once the sustained part (from a third of the series on) holds min_windows (6) probes, i.e. at
-    the 8th probe; memory (80 GiB) runs out at that rate within seconds, far inside the 7-day budget."""
+    the 8th probe (or the 9th: the live judgement is at the run-level confidence); memory (80 GiB) runs out at that rate within seconds, far inside the 7-day budget."""
 
     async def attempt(state_dir: Path) -> Soak:
         async with SimServer(SimConfig(**SIM, faults={"device_memory_leak_bytes_per_hour": 3600 * GIB})) as sim:
@@ -434,9 +434,12 @@ async def test_device_memory_leak_is_diagnosed_as_memory_leak(tmp_path: Path) ->
     assert f.diagnosis == "memory leak" and f.severity == "critical"
     ev = f.evidence
     assert ev["source"] == "device_memory" and ev["unit"] == "bytes" and ev["points"] == "probes"
-    assert ev["n_windows"] == 8 and ev["pattern"] == "sustained climb" and ev["fails"]
+    # the 8th probe holds 6 in the sustained part; the live judgement is made at the run-level confidence (issue
+    # 21: 1 - 0.05 / the planned looks), which a climb this clean reaches there or at the next probe
+    n = ev["n_windows"]
+    assert n in (8, 9) and ev["pattern"] == "sustained climb" and ev["fails"], n
     probed = [w["window"] for w in final["windows"] if (w.get("quiesce") or {}).get("memory_used_bytes")]
-    assert f.window == probed[7]  # the 8th probe: 6 in the sustained part
+    assert f.window == probed[n - 1]
     growth = ev["growth_per_hour"]
     assert 0.7 * 3600 * GIB < growth < 1.3 * 3600 * GIB, growth / GIB
     assert ev["ci"][0] > 0 and ev["hours_to_exhaustion"] < 0.1
@@ -455,7 +458,7 @@ async def test_device_memory_leak_is_diagnosed_as_memory_leak(tmp_path: Path) ->
     assert value(last, "soakd_memory_steps", source="device_memory") == 0  # a linear leak is no staircase
     assert not [x for x in d.analyzer.findings if x.diagnosis == "memory steps"]
     stored = [e for e in events(soak.state_dir, d.run_id) if e.kind == "leak"]
-    assert len(stored) == 1 and stored[0].message.startswith("memory leak: device_memory (idle, 8 probes): sustained")
+    assert len(stored) == 1 and stored[0].message.startswith(f"memory leak: device_memory (idle, {n} probes): sustained")
     assert final["verdict"]["passed"] is False
     assert any(r.startswith("leak: device_memory (idle,") and "fails the run" in r for r in final["verdict"]["reasons"])
 
