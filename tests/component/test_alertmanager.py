@@ -333,10 +333,13 @@ async def test_faults_reach_the_receiver_and_resolve(tmp_path: Path) -> None:
     report = []
     for r in hook.seen:
         name = r.labels.get("alertname", "?")
-        assert r.labels.get("severity") in ("critical", "warning"), (name, r.labels)
+        assert r.labels.get("severity") in ("critical", "warning", "info"), (name, r.labels)
         assert r.labels.get("kind"), (name, r.labels)
         assert r.labels.get("namespace") == NAMESPACE and r.labels.get("pod"), (name, r.labels)
-        assert r.receiver == f"soakd-{r.labels['severity']}", f"{name} ({r.labels['severity']}) went to {r.receiver}"
+        # info (SoakdGPUPowerCapped: a GPU at its limit, no impact) goes to the default receiver, which the
+        # shipped file delivers nowhere (the test points it at the webhook to see that routing)
+        want = "soakd-default" if r.labels["severity"] == "info" else f"soakd-{r.labels['severity']}"
+        assert r.receiver == want, f"{name} ({r.labels['severity']}) went to {r.receiver}"
         url = r.annotations.get("runbook_url", "")
         assert url == RUNBOOK_BASE + name.lower() and name.lower() in anchors, (name, url)
         assert r.annotations.get("summary") and r.annotations.get("description"), (name, r.annotations)
