@@ -68,6 +68,19 @@ class QuiesceProber:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
 
+    async def _read_idle(self) -> tuple[float | None, float | None]:
+        """One reading of the idle samplers: (KV-cache usage, device memory used), None where none."""
+        kv: float | None = None
+        mem_by: dict[str, float] = {}
+        for runner in self.runners:
+            if runner.name in IDLE_SAMPLERS and await runner.run_once() and runner.snapshot:
+                for sr in runner.snapshot.series:
+                    if sr.name == "soakd_server_kv_cache_usage_ratio":
+                        kv = sr.value
+                    elif sr.name == "soakd_gpu_memory_used_bytes":
+                        mem_by[runner.name] = mem_by.get(runner.name, 0.0) + sr.value
+        return kv, mem_by.get("nvml", mem_by.get("dcgm"))
+
     async def probe(self) -> QuiesceProbe | None:
         """One probe (the scheduler's job); None when it did not run or was abandoned."""
         drv, tl = self.driver, self.timeline
@@ -87,15 +100,17 @@ class QuiesceProber:
             drained = await drv.wait_idle(self.policies.quiesce_drain_timeout)
             if self.cfg.settle > 0:
                 await asyncio.sleep(self.cfg.settle)
-            mem_by: dict[str, float] = {}
-            for runner in self.runners:
-                if runner.name in IDLE_SAMPLERS and await runner.run_once() and runner.snapshot:
-                    for sr in runner.snapshot.series:
-                        if sr.name == "soakd_server_kv_cache_usage_ratio":
-                            kv = sr.value
-                        elif sr.name == "soakd_gpu_memory_used_bytes":
-                            mem_by[runner.name] = mem_by.get(runner.name, 0.0) + sr.value
-            mem = mem_by.get("nvml", mem_by.get("dcgm"))
+            kv, mem = await self._read_idle()
+            rereads = 0
+            while kv is not None and kv > 0 and rereads < self.cfg.rereads and not drv.stopping:
+                # the gauge may lag the freeing of the last blocks: idle, usage can only fall
+                await asyncio.sleep(max(0.05, self.cfg.settle))
+                kv2, mem2 = await self._read_idle()
+                rereads += 1
+                if kv2 is not None:
+                    kv = min(kv, kv2)
+                if mem2 is not None:
+                    mem = mem2 if mem is None else min(mem, mem2)
             if self.canary is not None:
                 await self.canary.check(idle=True, window=idx)
             completed = True

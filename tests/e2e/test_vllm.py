@@ -80,7 +80,7 @@ SOAK_CONFIG: dict[str, Any] = {
     },  # fmt: skip
     "samplers": {"interval": "1s", "nvml": {"mode": "off"}},
     "analysis": {
-        "quiesce": {"settle": "0.5s"},
+        "quiesce": {"settle": "0.5s", "rereads": 6},
         # The default canary (a chat prompt, greedy) makes this random model emit one token over
         # and over (" t t t ..."), which soakd rightly rejects as degenerate_repetition. This
         # completions prompt gives 32 varied tokens: a reference whose digest must survive the
