@@ -69,8 +69,9 @@ class _Events:
 
 def _prober(runner: _Runner, rereads: int = 3) -> tuple[QuiesceProber, list]:
     added: list = []
-    policies = SimpleNamespace(quiesce_min_remaining=0.0, quiesce_drain_timeout=1.0)
-    timeline = SimpleNamespace(end=float("inf"), window_at=lambda t: 0)
+    policies = SimpleNamespace(quiesce_min_remaining=0.0, quiesce_drain_timeout=1.0, quiesce_interval=10.0,
+                               quiesce_jitter=0.0, seed=1)
+    timeline = SimpleNamespace(end=1e9, window_at=lambda t: 0, first_window_start=0.0)
     prober = QuiesceProber(QuiesceConfig(settle=0.0, rereads=rereads), policies, driver=_Driver(),  # type: ignore[arg-type]
                            timeline=timeline, windows=_Windows(), runners=[runner],  # type: ignore[arg-type]
                            analyzer=SimpleNamespace(add_quiesce=added.append), events=_Events(),  # type: ignore[arg-type]
