@@ -40,6 +40,7 @@ from typing import Any
 import pytest
 
 from soakd.config import SoakConfig, deep_merge, load_config
+from soakd.config.analysis import ClientConfig
 from soakd.runtime import Runtime
 from soakd.sim import SimConfig, SimServer, fake_pynvml
 from soakd.store import StoreReader
@@ -70,7 +71,15 @@ STALL = 0.02  # loop lags above this are recorded in Soak.stalls (printed, never
 # is impaired (its latency left out), a window with more than a fifth of its requests or time so is not judged.
 LAX_CLIENT: dict[str, Any] = {"max_stall_share": 1.0, "max_lag": 3600.0, "max_throttled_share": 1.0,
                               "request_max_lag": 3600.0, "max_impaired_share": 1.0}
-DEFAULT_CLIENT: dict[str, Any] = {}
+# the defaults spelled out: deep-merged over LAX_CLIENT, an empty dict would keep the lax bounds
+DEFAULT_CLIENT: dict[str, Any] = ClientConfig().model_dump()
+# The simulator here runs in soakd's own process and event loop: a stall of soakd is a stall of the server,
+# and a machine that gets busier mid-run slows the server itself (seen: ttft_p95 +115% in three windows
+# when another test run started a vLLM build beside it). The stationary test keeps the per-request rule
+# and adds the window rules of earlier releases (a window with a 250 ms lag, or stalled over 0.5% of its
+# time, is not judged), so that what it judges is the simulator, not this machine's load.
+STRICT_CLIENT: dict[str, Any] = {**DEFAULT_CLIENT, "max_stall_share": 0.005, "max_lag": 0.25,
+                                 "max_throttled_share": 0.01}
 
 
 @pytest.fixture(autouse=True)
@@ -288,7 +297,7 @@ async def test_stationary_noisy_simulator_is_not_flagged_over_twenty_windows(tmp
         async with SimServer(SimConfig(**SIM)) as sim:
             fake_pynvml.bind(sim.device)
             soak = Soak(soak_config(sim, state_dir, windows=20, window=2.0, warmup=2.0, nvml=True,
-                                    analysis={"client": DEFAULT_CLIENT}), nvml=fake_pynvml)
+                                    analysis={"client": STRICT_CLIENT}), nvml=fake_pynvml)
             await soak.finish(90)
         return soak
 
@@ -414,13 +423,16 @@ async def test_kv_leak_is_diagnosed_as_kv_cache_not_released(tmp_path: Path) -> 
 async def test_device_memory_leak_is_diagnosed_as_memory_leak(tmp_path: Path) -> None:
     """The simulated GPU leaks 1 GiB/s of device memory (the fake NVML reads it); the idle device memory
     of the quiesce probe in each 1 s window climbs ~1 GiB a window: a 'memory leak' finding (a sustained
-    climb) once the sustained part (from a third of the series on) holds min_windows (6) probes, i.e. at
-    the 8th probe (or the 9th: the live judgement is at the run-level confidence); memory (80 GiB) runs out at that rate within seconds, far inside the 7-day budget."""
+    climb) once the sustained part (from a third of the series on) is significant at the run-level confidence
+    of the live judgement (issue 21: 1 - 0.05 / the planned looks, 0.9929 over 12 windows): a Mann-Kendall
+    trend of 6 probes cannot reach it (a perfect climb's two-sided p is 0.0085), one of 7 can (0.0027), so
+    the page comes at the 10th or 11th probe; memory (80 GiB) runs out at that rate within seconds, far
+    inside the 7-day budget."""
 
     async def attempt(state_dir: Path) -> Soak:
         async with SimServer(SimConfig(**SIM, faults={"device_memory_leak_bytes_per_hour": 3600 * GIB})) as sim:
             fake_pynvml.bind(sim.device)
-            soak = Soak(soak_config(sim, state_dir, windows=10, nvml=True, analysis={"quiesce": {"settle": 0.05}}),
+            soak = Soak(soak_config(sim, state_dir, windows=12, nvml=True, analysis={"quiesce": {"settle": 0.05}}),
                         nvml=fake_pynvml)
             await soak.finish(40)
         return soak
@@ -436,10 +448,9 @@ async def test_device_memory_leak_is_diagnosed_as_memory_leak(tmp_path: Path) ->
     assert f.diagnosis == "memory leak" and f.severity == "critical"
     ev = f.evidence
     assert ev["source"] == "device_memory" and ev["unit"] == "bytes" and ev["points"] == "probes"
-    # the 8th probe holds 6 in the sustained part; the live judgement is made at the run-level confidence (issue
-    # 21: 1 - 0.05 / the planned looks), which a climb this clean reaches there or at the next probe
+    # 7 probes in the sustained part: at the 10th probe, or the 11th where the probes' jitter puts the third later
     n = ev["n_windows"]
-    assert n in (8, 9) and ev["pattern"] == "sustained climb" and ev["fails"], n
+    assert n in (10, 11) and ev["pattern"] == "sustained climb" and ev["fails"], n
     probed = [w["window"] for w in final["windows"] if (w.get("quiesce") or {}).get("memory_used_bytes")]
     assert f.window == probed[n - 1]
     growth = ev["growth_per_hour"]
@@ -780,13 +791,13 @@ async def test_soakd_stalling_through_most_of_its_windows_is_client_impaired_and
     a busy machine soakd's own lags of 100-400 ms would raise the relative bound past the injected stalls.)"""
     async with SimServer(SimConfig(**SIM)) as sim:
         soak = Soak(soak_config(sim, tmp_path / "run", windows=8, window=2.0, warmup=1.0,
-                                analysis={"drift": {"baseline_windows": 2}, "client": {"request_lag_relative": 0}}),
+                                analysis={"drift": {"baseline_windows": 2}, "client": DEFAULT_CLIENT}),
                     record_listeners=(_stalling(40),))
         await soak.finish(60)
     d, final = soak.daemon, soak.final
     windows = [w for w in final["windows"] if not w["partial"]]
     impaired = [w["window"] for w in windows if (w.get("client") or {}).get("impaired")]
-    assert impaired == [w["window"] for w in windows], [(w["window"], w.get("client")) for w in windows]
+    assert impaired == [w["window"] for w in windows], [(w["window"], w["requests"], w.get("client")) for w in windows][:2]
     c = windows[0]["client"]
     assert c["loop_lag_max_seconds"] >= 0.25 and c["heartbeats"] > 5 and "beyond 100 ms" in c["impaired_reason"]
     assert not [f for f in d.analyzer.findings if f.kind == "drift"], d.analyzer.findings
