@@ -45,8 +45,17 @@ def _outcomes(window: Window) -> tuple[int, dict[str, int]]:
 
 def performance_drift(results: Iterable[DriftResult]) -> list[DriftResult]:
     """Latency or throughput drift, degraded, in a window's comparisons: what makes an active throttle
-    reason with its clock beyond its noise throttling (``soakd.analysis.throttle``)."""
-    return _degraded(results, _PERF_METRICS)
+    reason with its clock beyond its noise throttling (``soakd.analysis.throttle``). A page over several
+    windows counts only where this window's own change points the same way (a segment paged on the windows
+    before it, with this one back at the baseline, is no impact of this window's clock)."""
+    return [r for r in _degraded(results, _PERF_METRICS)
+            if (r.ratio > 0) == METRICS[r.metric].higher_is_worse and r.ratio != 0]
+
+
+def performance_judged(results: Iterable[DriftResult]) -> bool:
+    """Whether a window's latency or throughput was judged at all (some comparison not 'insufficient'): a
+    window too thin to judge says nothing about whether a clock drop cost anything."""
+    return any(r.metric in _PERF_METRICS and r.scenario is None and r.status != "insufficient" for r in results)
 
 
 def _degraded(results: Iterable[DriftResult], metrics: frozenset[str]) -> list[DriftResult]:
