@@ -197,7 +197,8 @@ def scan(metric: str, post: list[Level], reference: list[Level], tau2: float, ex
     """The last ``SCAN`` windows of ``post`` (the windows after the reference, the current one last): for
     each segment of the last ``L`` of them, its mean level against the reference's mean. A page when, for
     some ``L``, the change lies beyond the threshold by ``excess_z`` standard errors *and* beyond zero by
-    ``z`` (the run-level significance). None without a reference or a window."""
+    ``z`` (the run-level significance), and, for ``L`` > 1, the current window's own change is beyond the
+    threshold on the same side. None without a reference or a window."""
     if not post or not reference:
         return None
     d0 = _delta0(metric, cfg)
@@ -212,7 +213,12 @@ def scan(metric: str, post: list[Level], reference: list[Level], tau2: float, ex
         se = math.sqrt(var)
         if first is None:
             first = (d, se)
-        if hit is None and abs(d) - d0 > excess_z * se and abs(d) > z * se:
+        # a segment of several windows pages only while its last window is itself beyond the threshold on
+        # the same side: a blip followed by a window back at the baseline is no change now (seen: a
+        # throttled window's +30% paged again one window later as "drift: ttft_p50 -0.6%")
+        now = post[-1].y - ref_y
+        if (hit is None and abs(d) - d0 > excess_z * se and abs(d) > z * se
+                and (L == 1 or (now > d0 if d > 0 else now < -d0))):
             hit = (1 if d > 0 else -1, L, d, se)
     assert first is not None
     if hit is None:
