@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from soakd.analysis import leak as leak_mod
 from soakd.analysis import throttle as throttle_mod
-from soakd.analysis.diagnosis import diagnose, performance_drift, performance_judged
+from soakd.analysis.diagnosis import diagnose, performance_drift, performance_steady
 from soakd.analysis.drift import DriftResult
 from soakd.analysis.freeze import freeze_finding, freeze_threshold, hung_finding, wedge_finding
 from soakd.analysis.gpu_errors import GpuErrors
@@ -162,9 +162,9 @@ class PowerCapDetector(_Quiet):
     """A power or thermal reason active without an impact (the SM clock within its noise of the baseline
     pool's, or latency and throughput where they were): a GPU at its limit under full load, named as
     healthy (after the diagnosis, which names throttling) once, and once more the first time its clock
-    is beyond its noise with latency steady. Only in a window whose latency or throughput was judged (a
-    throttled window too thin to judge, e.g. fewer requests than analysis.drift.min_requests, says
-    nothing). Never fails the run."""
+    is beyond its noise with latency steady. Only in a window whose latency and throughput were judged and
+    none is worse than the baseline by more than its threshold (a throttled window too thin to judge, or
+    one whose latency rose without a page, says nothing). Never fails the run."""
 
     name = "power_cap"
 
@@ -173,8 +173,8 @@ class PowerCapDetector(_Quiet):
         self.reported_low = False  # the clock beyond its noise, latency steady: said once too
 
     def add(self, w: Window, ctx: WindowContext) -> None:
-        if not performance_judged(ctx.drift):
-            return  # latency and throughput not judged (too few requests): 'healthy' cannot be said
+        if not performance_steady(ctx.drift):
+            return  # latency or throughput not judged, or worse beyond the threshold: 'healthy' cannot be said
         capped = [t for t in ctx.throttles if t.active and not t.impact and t.sm_clock_reference_kind == "baseline"]
         low = [t for t in capped if t.beyond_noise]
         if capped and not low and not self.reported:

@@ -52,10 +52,16 @@ def performance_drift(results: Iterable[DriftResult]) -> list[DriftResult]:
             if (r.ratio > 0) == METRICS[r.metric].higher_is_worse and r.ratio != 0]
 
 
-def performance_judged(results: Iterable[DriftResult]) -> bool:
-    """Whether a window's latency or throughput was judged at all (some comparison not 'insufficient'): a
-    window too thin to judge says nothing about whether a clock drop cost anything."""
-    return any(r.metric in _PERF_METRICS and r.scenario is None and r.status != "insufficient" for r in results)
+def performance_steady(results: Iterable[DriftResult]) -> bool:
+    """Whether a window's latency and throughput were judged against the baseline (some comparison not
+    'insufficient') and none of them is worse by more than its threshold, paged or not: what 'a clock drop
+    that costs nothing' needs. A window too thin to judge, or one whose latency rose beyond the threshold
+    without a page (a noisy run: seen, e2e p50 +150% at a -50% clock under a pool whose noise hid it), says
+    nothing of the kind."""
+    judged = [r for r in results if r.metric in _PERF_METRICS and r.scenario is None and r.reference == "baseline"
+              and r.status != "insufficient" and r.ratio is not None]
+    return bool(judged) and not any(
+        (r.ratio > r.threshold if METRICS[r.metric].higher_is_worse else r.ratio < -r.threshold) for r in judged)
 
 
 def _degraded(results: Iterable[DriftResult], metrics: frozenset[str]) -> list[DriftResult]:
