@@ -120,10 +120,16 @@ def _stamp(conn: aiohttp.TCPConnector) -> bool:
     return False
 
 
+KEEPALIVE_IDLE = 4.0  # seconds an idle pooled connection is kept (servers close theirs after 5 s)
+
+
 def build_connector(target: TargetConfig, limit: int, *, force_close: bool | None = None) -> aiohttp.TCPConnector:
     """The connection pool for a target: ``limit`` connections (``target.max_connections``
     overrides), keep-alive per ``target.keep_alive`` unless ``force_close`` says otherwise, and
-    connections whose protocol stamps socket arrival."""
+    connections whose protocol stamps socket arrival. An idle connection is kept ``KEEPALIVE_IDLE``
+    seconds, under the 5 s after which uvicorn (vLLM, SGLang) and llama.cpp's server close theirs:
+    reusing one the server is closing loses the request ("Can not write request body", counted as
+    a connection error with the target up; seen in the vLLM e2e test after quiesce pauses)."""
     close = (not target.keep_alive) if force_close is None else force_close
     conn = aiohttp.TCPConnector(
         limit=target.max_connections or max(limit, 1),
@@ -131,7 +137,7 @@ def build_connector(target: TargetConfig, limit: int, *, force_close: bool | Non
         force_close=close,
         enable_cleanup_closed=False,
         ttl_dns_cache=300,
-        keepalive_timeout=None if close else 30.0,
+        keepalive_timeout=None if close else KEEPALIVE_IDLE,
     )
     _stamp(conn)
     return conn

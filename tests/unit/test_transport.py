@@ -94,3 +94,17 @@ async def test_connections_stamp_byte_arrival() -> None:
     assert protocols and all(type(p) is transport.StampedResponseHandler for p in protocols)
     t = rec.token_times_ns
     assert rec.t_start_ns < rec.t_headers_ns <= t[0] and t == sorted(t) and t[-1] <= rec.t_end_ns
+
+
+async def test_idle_pooled_connections_are_dropped_before_the_servers_close_them() -> None:
+    """uvicorn (vLLM, SGLang) and llama-server close a keep-alive connection idle for 5 s; a pool that keeps
+    it longer reuses one the server is closing and loses the request (a connection error with the target up,
+    seen after quiesce pauses in the vLLM e2e test). Kept below 5 s; none kept with keep-alive off."""
+    conn = transport.build_connector(TargetConfig(url="http://127.0.0.1:1/v1"), 4)
+    closed = transport.build_connector(TargetConfig(url="http://127.0.0.1:1/v1", keep_alive=False), 4)
+    try:
+        assert 0 < conn._keepalive_timeout < 5.0  # noqa: SLF001
+        assert closed.force_close
+    finally:
+        await conn.close()
+        await closed.close()
