@@ -8,6 +8,8 @@ import random
 
 import pytest
 
+from helpers import benchmark
+
 from soakd.analysis.detector import LeakDetector
 from soakd.analysis.engine import Analyzer
 from soakd.analysis.leak import evaluate_memory
@@ -75,12 +77,9 @@ def test_the_seeded_schedule_is_reproducible_and_its_phases_cover_the_slot() -> 
 
 
 def _windows(mem: list[tuple[float, float]]) -> list[WindowSummary]:
-    """30-minute windows, each with one idle probe ``(seconds into the run, MiB above 40 GiB)``."""
-    return [WindowSummary.load({
-        "window": i, "start_unix": T0 + 1800 * i, "duration_seconds": 1800.0,
-        "device": {"memory_used_bytes": {"min": 60 * GIB}, "memory_total_bytes": 80 * GIB},
-        "quiesce": {"t_unix": T0 + t, "window": i, "drained": True, "memory_used_bytes": 40 * GIB + v * MIB},
-    }) for i, (t, v) in enumerate(mem)]  # fmt: skip
+    """30-minute windows, each with one idle probe ``(seconds into the run, MiB above 40 GiB)``: the
+    benchmark's own (benchmarks/leak_probes.py), so that the seeded cases here are its rows."""
+    return benchmark("leak_probes").windows(mem)
 
 
 @pytest.mark.parametrize("period_min", [28.0, 29.0, 29.5])
