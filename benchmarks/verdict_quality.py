@@ -33,6 +33,10 @@ Usage::
     python benchmarks/verdict_quality.py --quick     # 20 runs per cell
     python benchmarks/verdict_quality.py --cells stationary-iid,step-10 --runs 50
     python benchmarks/verdict_quality.py --json out.json
+
+Longer than 500 lines: a benchmark is one script a user runs as it is; its cells (every scenario the
+README's table names, with their targets) and the simulators they need (noise models, the closed-loop
+batch, memory, clocks and error bursts) stand beside the measurement loop they feed.
 """
 
 from __future__ import annotations
