@@ -28,6 +28,9 @@ TROUBLESHOOTING: dict[str, tuple[str, str]] = {d.name: (d.seen, d.check) for d i
 _PERF_METRICS = frozenset(
     m for m, s in METRICS.items() if s.kind in ("quantile", "tokens_rate", "requests_rate")
 )
+# Invalid-response reasons a stream gets when the server goes away under it (counted with the outage in a window
+# with the target down).
+_CUT_BY_OUTAGE = ("error_in_stream", "truncated_stream")
 # What an outage moves by itself: a window with the target down loses throughput and gains errors.
 # (Latency quantiles come from successful requests only: an outage does not explain them.)
 _OUTAGE_METRICS = frozenset(
@@ -113,6 +116,10 @@ def diagnose(
 
     # --- target and errors
     failed = oc.get("connection_error", 0) + oc.get("http_error", 0) + oc.get("timeout", 0)
+    # streams the outage cut (an error event in the stream, no [DONE]: vLLM's engine dying under SIGTERM
+    # sends "EngineCore encountered an issue" to the streams in flight) are the outage's, not garbled output
+    cut = sum((window.failures or {}).get(r, 0) for r in _CUT_BY_OUTAGE) if down > 0 else 0
+    invalid = max(0, oc.get("invalid_response", 0) - cut)
     if down > 0:
         # the throughput lost and the errors gained while the target was down are the restart's
         # drift, not a performance drift of unknown cause
@@ -123,7 +130,8 @@ def diagnose(
             message=(
                 f"target down {down:.0f}s in window {idx}; {failed} of {n} requests failed "
                 f"(connection_error {oc.get('connection_error', 0)}, http_error {oc.get('http_error', 0)}, "
-                f"timeout {oc.get('timeout', 0)})" + (f"; from the outage: {_drift_text(outage)}" if outage else "")
+                f"timeout {oc.get('timeout', 0)})" + (f"; {cut} streams cut by it" if cut else "")
+                + (f"; from the outage: {_drift_text(outage)}" if outage else "")
             ),
             evidence={"target_down_seconds": down, "outcomes": oc, "requests": n,
                       "drift": [r.to_dict() for r in outage]}, window=idx,
@@ -154,13 +162,13 @@ def diagnose(
                 ),
                 evidence={"error_share": share, "outcomes": oc, "requests": n}, window=idx,
             ))  # fmt: skip
-    if n and oc.get("invalid_response", 0) > 0:
-        share = oc["invalid_response"] / n
+    if n and invalid > 0:
+        share = invalid / n
         out.append(Finding(
             kind="errors", diagnosis="garbled output",
             severity="critical" if share > cfg.invalid_share_critical else "warning",
-            message=f"{oc['invalid_response']} of {n} responses invalid ({share * 100:.2f}%) in window {idx}",
-            evidence={"invalid_share": share, "invalid_responses": oc["invalid_response"], "requests": n},
+            message=f"{invalid} of {n} responses invalid ({share * 100:.2f}%) in window {idx}",
+            evidence={"invalid_share": share, "invalid_responses": invalid, "requests": n},
             window=idx,
         ))  # fmt: skip
 

@@ -207,3 +207,22 @@ def test_throughput_and_error_drift_in_an_outage_window_is_the_restart() -> None
     f2 = _by(diagnose(slow, drift.evaluate(slow, make_window(0, rng, 3000), None)))
     assert "target restarted" in f2 and "e2e_p50" in f2["performance drift"].message
     assert "output_tokens_per_second" not in f2["performance drift"].message
+
+
+def test_streams_the_outage_cut_are_the_restarts_not_garbled_output() -> None:
+    """vLLM stopped mid-soak ends the streams in flight with an error event (its engine died): in the window
+    with the target down those are the outage's ('N streams cut by it'), not garbled output; any other
+    invalid response there still is."""
+    rng = random.Random(9)
+    w = make_window(4, rng, 97, error_rate=0.07, error_outcome="invalid_response", target_down_seconds=17.0)
+    cut = w.outcomes["invalid_response"]
+    assert cut > 0
+    w.failures = {"error_in_stream": cut}
+    f = _by(diagnose(w))
+    assert "garbled output" not in f and f"{cut} streams cut by it" in f["target restarted"].message
+    w.failures = {"error_in_stream": cut - 1, "garbled_output": 1}
+    g = _by(diagnose(w))["garbled output"]
+    assert g.evidence["invalid_responses"] == 1 and g.message.startswith("1 of ")
+    # the target up: an error event in a stream is invalid output as before
+    w.target_down_seconds, w.failures = 0.0, {"error_in_stream": cut}
+    assert _by(diagnose(w))["garbled output"].evidence["invalid_responses"] == cut
