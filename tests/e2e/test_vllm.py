@@ -342,7 +342,9 @@ async def test_soak_outage_and_recovery(vllm: VllmServer, tmp_path: Path) -> Non
             numbers["after_restart"] = _check_interval(vc, vd, sc, sd, min_ok=60)
             numbers["kv_after_restart"] = kv = kv_comparison(s_poll.between(sc.t, sd.t),
                                                              v_poll.between(sc.t - 2, sd.t + 2))  # fmt: skip
-            _check_kv(kv, min_matched=15, min_nonzero=1)
+            # the same evidence rule as before the outage (one matched reading per 4 s), on what is left of
+            # the soak after the restart: vLLM's stop (up to 30 s) and restart (67 s seen) can leave 35 s
+            _check_kv(kv, min_matched=max(8, int((sd.t - sc.t) / 4)), min_nonzero=1)
             # greedy, idle, same weights: the canary's output survives the restart
             assert canary["mismatches"] == 0 and canary["checks"] - canary["errors"] >= 5, canary
             left = t_load + duration - time.time()
