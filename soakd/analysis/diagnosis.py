@@ -51,8 +51,7 @@ def performance_drift(results: Iterable[DriftResult]) -> list[DriftResult]:
     reason with its clock beyond its noise throttling (``soakd.analysis.throttle``). A page over several
     windows counts only where this window's own change points the same way (a segment paged on the windows
     before it, with this one back at the baseline, is no impact of this window's clock)."""
-    return [r for r in _degraded(results, _PERF_METRICS)
-            if (r.ratio > 0) == METRICS[r.metric].higher_is_worse and r.ratio != 0]
+    return [r for r in _degraded(results, _PERF_METRICS) if _worse_change(r) > 0]
 
 
 def performance_steady(results: Iterable[DriftResult]) -> bool:
@@ -63,8 +62,12 @@ def performance_steady(results: Iterable[DriftResult]) -> bool:
     nothing of the kind."""
     judged = [r for r in results if r.metric in _PERF_METRICS and r.scenario is None and r.reference == "baseline"
               and r.status != "insufficient" and r.ratio is not None]
-    return bool(judged) and not any(
-        (r.ratio > r.threshold if METRICS[r.metric].higher_is_worse else r.ratio < -r.threshold) for r in judged)
+    return bool(judged) and not any(_worse_change(r) > r.threshold for r in judged)
+
+
+def _worse_change(r: DriftResult) -> float:
+    """The window's own change against its reference, positive where it is worse (latency up, throughput down)."""
+    return r.ratio if METRICS[r.metric].higher_is_worse else -r.ratio
 
 
 def _degraded(results: Iterable[DriftResult], metrics: frozenset[str]) -> list[DriftResult]:

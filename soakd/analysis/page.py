@@ -206,6 +206,7 @@ def scan(metric: str, post: list[Level], reference: list[Level], tau2: float, ex
     ref_v = sum(lv.var + extra + tau2 for lv in reference) / len(reference) ** 2
     first: tuple[float, float] | None = None
     hit: tuple[int, int, float, float] | None = None
+    now = post[-1].y - ref_y  # the current window's own change
     for L in range(1, min(SCAN, len(post)) + 1):
         part = post[-L:]
         d = sum(lv.y for lv in part) / L - ref_y
@@ -216,7 +217,6 @@ def scan(metric: str, post: list[Level], reference: list[Level], tau2: float, ex
         # a segment of several windows pages only while its last window is itself beyond the threshold on
         # the same side: a blip followed by a window back at the baseline is no change now (seen: a
         # throttled window's +30% paged again one window later as "drift: ttft_p50 -0.6%")
-        now = post[-1].y - ref_y
         if (hit is None and abs(d) - d0 > excess_z * se and abs(d) > z * se
                 and (L == 1 or (now > d0 if d > 0 else now < -d0))):
             hit = (1 if d > 0 else -1, L, d, se)

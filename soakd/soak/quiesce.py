@@ -101,13 +101,12 @@ class QuiesceProber:
             if self.cfg.settle > 0:
                 await asyncio.sleep(self.cfg.settle)
             kv, mem = await self._read_idle()
-            rereads = 0
-            while kv is not None and kv > 0 and rereads < self.cfg.rereads and not drv.stopping:
-                # the gauge may lag the freeing of the last blocks: idle, usage can only fall
+            for _ in range(self.cfg.rereads):  # the gauge may lag the freeing of the last blocks
+                if kv is None or kv <= 0 or drv.stopping:
+                    break
                 await asyncio.sleep(max(0.05, self.cfg.settle))
                 kv2, mem2 = await self._read_idle()
-                rereads += 1
-                if kv2 is not None:
+                if kv2 is not None:  # idle, usage can only fall
                     kv = min(kv, kv2)
                 if mem2 is not None:
                     mem = mem2 if mem is None else min(mem, mem2)
