@@ -160,6 +160,16 @@ def hist_mean(a: Scrape, b: Scrape, name: str, **labels: str) -> tuple[float, fl
     return n, (s / n if n else float("nan"))
 
 
+def hist_bound(a: Scrape, b: Scrape, name: str, q: float) -> float:
+    """The upper bound (seconds) of the bucket that holds quantile ``q`` of a histogram's
+    observations between two scrapes (inf where it is the last bucket)."""
+    bucket = name + "_bucket"
+    bounds = {dict(lb)["le"] for (n, lb) in b.samples if n == bucket}
+    cum = sorted((float(le), b.value(bucket, le=le) - (a.get(bucket, le=le) or 0.0)) for le in bounds)
+    total = cum[-1][1] if cum else 0.0
+    return next((le for le, c in cum if c >= q * total), float("inf"))
+
+
 def outcome_total(s: Scrape, outcome: str) -> float:
     return s.get("soakd_requests_total", outcome=outcome) or 0.0
 
@@ -381,9 +391,14 @@ def _check_interval(va: Scrape, vb: Scrape, sa: Scrape, sb: Scrape, min_ok: int)
     spans the whole response and is the tighter e2e reference.
 
     What the server guarantees, asserted: a client cannot see a token before the engine made
-    it, so soakd's means are at least vLLM's (1 ms below is allowed: the interval's edges cut a
-    few requests differently on each side, and vLLM also counts the canary); the same requests
-    and tokens are counted on both sides.
+    it, so soakd's means are at least vLLM's, less what the interval's edges can move: vLLM
+    counts a request's TTFT at its first token, soakd at its end, so a request in flight at
+    either scrape can be inside one side's TTFT interval and outside the other's (and vLLM also
+    counts the canary). Each such request moves a mean by at most its TTFT over the count: the
+    allowance is (requests in flight at both edges + the count difference + 1) times the
+    interval's p99 TTFT bucket bound, over the count (seen: soakd's TTFT mean 4.6 ms below vLLM's,
+    273 against 272 requests, with 1 ms allowed). The same requests and tokens are counted on
+    both sides.
 
     What depends on the machine, reported and bounded only against gross errors (units, warm-up
     or failed requests counted, time measured from the wrong moment: 10x + 1 s): how much later
@@ -427,7 +442,14 @@ def _check_interval(va: Scrape, vb: Scrape, sa: Scrape, sb: Scrape, min_ok: int)
         # the same requests on both sides (vLLM also counts the canary, and the edges differ)
         assert abs(r["vllm_count"] - r["soakd_count"]) <= 10 + 0.03 * r["vllm_count"], r
     ttft, e2e = out["ttft"], out["e2e"]
-    assert ttft["vllm_mean_ms"] - 1.0 <= ttft["soakd_mean_ms"] <= e2e["vllm_mean_ms"] * 10 + 1000.0, out
+    in_flight = sa.value("soakd_requests_in_flight") + sb.value("soakd_requests_in_flight")
+    moved = in_flight + 1 + abs(ttft["vllm_count"] - ttft["soakd_count"])
+    bound = hist_bound(va, vb, "vllm:time_to_first_token_seconds", 0.99)
+    ttft["edge_allowance_ms"] = round(moved * bound * 1e3 / max(ttft["vllm_count"], 1), 2)
+    low = ttft["vllm_mean_ms"] - ttft["edge_allowance_ms"]
+    assert low <= ttft["soakd_mean_ms"] <= e2e["vllm_mean_ms"] * 10 + 1000.0, out
+    # e2e is counted at the request's end on both sides: the edges cut the same requests, and
+    # soakd's mean is 30-75 ms above vLLM's; 1 ms below is allowed
     for ref in (e2e["vllm_mean_ms"], e2e["vllm_http_chat_mean_ms"]):
         assert ref - 1.0 <= e2e["soakd_mean_ms"] <= ref * 10 + 1000.0, e2e
     # plausible: a 2-layer model on a CPU, ~2 ms a step
