@@ -134,6 +134,9 @@ async def _soak(cfg: SoakConfig, progress: bool | None = None, nvml_module: Any 
 
 def _print_summary(cfg: SoakConfig, outcome: Any) -> None:
     """The terminal summary, rendered from the run's report in the store."""
+    from soakd import logging_setup
+
+    logging_setup.drain()  # the log lines first (a thread writes them)
     if outcome.stop_reason == "target_unreachable":
         sys.stdout.write(f"\nsoakd: {cfg.target.display_url} never answered GET /models; no run was recorded\n")
         return
@@ -183,6 +186,9 @@ def _write_sweep(doc: dict[str, Any], args: argparse.Namespace) -> None:
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text(), encoding="utf-8")
+    from soakd import logging_setup
+
+    logging_setup.drain()  # the log lines first (a thread writes them)
     sys.stdout.write(render.terminal(doc))
 
 
@@ -257,6 +263,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_batch(args: argparse.Namespace) -> int:
     """``soakd batch INPUT``: an OpenAI Batch API input file, sent and accounted for; resumable."""
     from soakd.batch.input import InputError
+    from soakd import logging_setup
     from soakd.batch.runner import BatchRunner, print_accounting
     from soakd.store import StoreError
 
@@ -293,6 +300,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
         return EXIT_FAIL
     if tty:
         sys.stderr.write("\n")
+    logging_setup.drain()  # the log lines first (a thread writes them)
     print_accounting(outcome)
     return EXIT_OK if outcome.finished and outcome.accounting["within_budget"] else EXIT_FAIL
 
@@ -365,6 +373,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                     NamedTargetConfig(name="candidate", **dict(run_cfg.target.model_dump(), url=cand.base_url))]})
             where = (f"http://{cfg.metrics.host}:{cfg.metrics.port}/metrics" if cfg.metrics.port
                      else "a free port (metrics_url in the soakd_started line)")
+            logging_setup.drain()  # the log lines first (a thread writes them)
             sys.stdout.write(
                 f"soakd demo: simulator at {sim.base_url}, soak for {args.duration or '3m'} "
                 f"with {int(cfg.run.window)}s windows; metrics at {where}\n"

@@ -150,6 +150,9 @@ CATALOGUE: tuple[MetricSpec, ...] = (
                group="run"),
     MetricSpec("soakd_run_start_timestamp_seconds", "gauge", "Unix time the run started.", group="run"),
     MetricSpec("soakd_build_info", "info", "soakd version (value 1).", ("version",), group="self"),
+    MetricSpec("soakd_log_dropped_total", "counter",
+               "Log lines dropped: stdout did not take them (a stalled log driver or terminal, 10,000 lines queued "
+               "already) or is gone (a broken pipe). Logging never blocks the run.", group="self"),
     # ---- analysis (updated when a window closes)
     MetricSpec("soakd_windows_closed_total", "counter", "Analysis windows closed (partial ones included).",
                group="analysis"),
@@ -522,6 +525,7 @@ class SoakMetrics:
     # per target: its analysis (and, for the targets after the first, its own client-side metrics)
     target_sources: list[tuple[str, SnapshotSource]] = field(default_factory=list)
     peers: list[SoakMetrics] = field(default_factory=list)  # the other targets' client-side metrics
+    log_dropped: Callable[[], int] = lambda: 0  # soakd_log_dropped_total (the runtime's: logging_setup.dropped)
 
     def __post_init__(self) -> None:
         S = BY_NAME
@@ -592,6 +596,9 @@ class SoakMetrics:
         info = BY_NAME["soakd_build_info"].family(labels=())
         info.add_metric([], {"version": self.version})
         yield info
+        dropped = BY_NAME["soakd_log_dropped_total"].family(labels=())
+        dropped.add_metric([], float(self.log_dropped()))
+        yield dropped
 
     def collector(self) -> Collector:
         metrics = self

@@ -28,7 +28,7 @@ import structlog
 from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from soakd import __version__
+from soakd import __version__, logging_setup
 from soakd.analysis.engine import Analyzer
 from soakd.client.openai import OpenAIClient
 from soakd.config import SoakConfig
@@ -112,7 +112,8 @@ class Runtime:
         self.targets: list[TargetRun] = []
         for i, t in enumerate(target_cfgs):  # one path per target (soakd.soak.target_run)
             ref = i == 0
-            metrics = SoakMetrics(tuple(self.scenarios), __version__, slo_objectives=objectives, target=t.name)
+            metrics = SoakMetrics(tuple(self.scenarios), __version__, slo_objectives=objectives, target=t.name,
+                                  log_dropped=logging_setup.dropped)
             analyzer = Analyzer(config.analysis, on_event=self.events.emit if ref else self._target_event(t.name),
                                 baseline=baseline if ref else None, planned_windows=planned, candidates=candidates,
                                 ab=judge if ref else None)

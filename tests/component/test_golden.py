@@ -116,6 +116,10 @@ had no baseline pool): ``error_rate`` left the label values of ``soakd_drift_det
 ``soakd_drift_events``, ``soakd_stability_spread_ratio`` and ``soakd_window_value`` and the verdict's
 ``stability``; the two ``soakd_error_*`` families are new.
 
+Regenerated for issue 22 (item 3, logging never blocks): ``soakd_log_dropped_total`` is new in
+``windows.json`` (0) and ``live-shape.json``; nothing else moved (the live shape's telemetry keys
+are now in sorted order, as the generator writes them).
+
 1. ``report-*.{json,md}``: ``soakd report`` of the two runs in ``tests/fixtures/state-v2`` (a
    state dir that release wrote: a finished run with throttling, a power cap and a latency step,
    and a resumable run stopped by SIGTERM), exact modulo the generation time.

@@ -1,0 +1,115 @@
+"""soakd where its environment misbehaves (issue 22): a stdout that stalls or breaks."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import os
+import sys
+import termios
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from helpers import QUICK_SIM, REPO, free_port, sim_server, soakd_env
+
+pytestmark = pytest.mark.timeout(180)
+
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+
+
+def _run_args(url: str, state: Path, port: int, duration: str) -> list[str]:
+    return ["-m", "soakd", "run", "--target", url, "--duration", duration, "--window", "1s", "--warmup", "0.5s",
+            "--concurrency", "2", "--mix", "short_chat=1", "--sample-interval", "0.5s", "--nvml", "off",
+            "--metrics-host", "127.0.0.1", "--metrics-port", str(port), "--state-dir", str(state),
+            "--log-format", "json", "--log-level", "debug", "--no-progress"]  # fmt: skip
+
+
+def _pending(fd: int) -> int:
+    """Bytes waiting in a pipe (FIONREAD on its read end)."""
+    buf = bytearray(4)
+    fcntl.ioctl(fd, termios.FIONREAD, buf)
+    return int.from_bytes(buf, sys.byteorder)
+
+
+def _metric(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{") or
+               line.startswith(name + " "))
+
+
+async def test_a_stdout_nobody_reads_does_not_stop_the_run(tmp_path: Path) -> None:
+    """stdout is a 4 KiB pipe that nobody reads (a log driver that stalls): soakd's loop goes on
+    — /healthz and /metrics answer, requests are sent — and once the pipe is read again the run
+    ends with its verdict and reports. (Before: the first log line that did not fit blocked the
+    event loop, /healthz timed out and no load was sent.)"""
+    port = free_port()
+    r, w = os.pipe()
+    fcntl.fcntl(w, F_SETPIPE_SZ, 4096)
+    async with sim_server(**QUICK_SIM) as sim:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, *_run_args(sim.base_url, tmp_path, port, "40s"), stdout=w,
+            stderr=asyncio.subprocess.PIPE, env=soakd_env(), cwd=str(REPO))  # fmt: skip
+        os.close(w)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + 60
+                while _pending(r) < 4096:  # the pipe is full: every log line from now on would block
+                    assert loop.time() < deadline and proc.returncode is None, "the pipe never filled"
+                    await asyncio.sleep(0.1)
+                sent: list[float] = []
+                for _ in range(8):  # stdout blocked for 8 s and more: soakd answers every second
+                    async with session.get(base + "/healthz") as resp:
+                        assert resp.status == 200
+                    async with session.get(base + "/metrics") as resp:
+                        text = await resp.text()
+                    sent.append(_metric(text, "soakd_requests_total"))
+                    assert "soakd_log_dropped_total" in text
+                    assert _pending(r) >= 4096, "something read the pipe"
+                    await asyncio.sleep(1.0)
+                assert sent[-1] > sent[0], f"no load was sent while stdout was blocked: {sent}"
+                proc.send_signal(15)
+                # read the pipe again: the run drains, writes its reports and says so
+                with os.fdopen(r, "rb", closefd=False) as reader:
+                    out = await asyncio.wait_for(asyncio.to_thread(reader.read), 60)  # to EOF: soakd exited
+            await asyncio.wait_for(proc.wait(), 60)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            os.close(r)
+    err = (await proc.stderr.read()).decode() if proc.stderr else ""
+    lines = [json.loads(x) for x in out.decode().splitlines() if x.startswith("{")]
+    finished = [x for x in lines if x["event"] == "soakd_finished"]
+    assert finished and finished[0]["report"], out.decode()[-2000:] + err
+    assert Path(finished[0]["report"]).is_file()
+    assert proc.returncode == finished[0]["exit_code"]
+
+
+async def test_a_broken_stdout_is_said_once_and_the_run_finishes(tmp_path: Path) -> None:
+    """stdout's reader goes away (``| head -1``, a log shipper that died) after the first line:
+    soakd says so once on stderr, runs to its end and writes its reports; its exit code is the
+    verdict's (before: BrokenPipeError out of a log call, exit 1, no verdict, no reports)."""
+    port = free_port()
+    r, w = os.pipe()
+    async with sim_server(**QUICK_SIM) as sim:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, *_run_args(sim.base_url, tmp_path, port, "4s"), stdout=w,
+            stderr=asyncio.subprocess.PIPE, env=soakd_env(), cwd=str(REPO))  # fmt: skip
+        os.close(w)
+        reader = os.fdopen(r, "rb")
+        first = await asyncio.to_thread(reader.readline)
+        reader.close()  # the reader is gone: the next write gets EPIPE
+        assert b"soakd_started" in first or first.startswith(b"{"), first
+        _, err_b = await asyncio.wait_for(proc.communicate(), 90)
+    err = err_b.decode()
+    assert err.count("stdout is gone") == 1, err
+    assert "Traceback" not in err, err
+    run_dirs = [p for p in tmp_path.iterdir() if p.is_dir() and (p / "report.json").is_file()]
+    assert len(run_dirs) == 1, list(tmp_path.iterdir())
+    report = json.loads((run_dirs[0] / "report.json").read_text())
+    verdict = report["verdict"]
+    assert proc.returncode == verdict["exit_code"], (proc.returncode, verdict, err)
