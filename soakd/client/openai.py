@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
-from soakd.client.sse import SSEDecoder
+from soakd.client.sse import SSEDecoder, SSETooLarge
 from soakd.client.transport import StampedResponseHandler, build_connector, parse_event, request_headers
 from soakd.client.transport import dumps as _dumps
 from soakd.client.validate import check_output, check_structure
@@ -268,10 +268,18 @@ class OpenAIClient:
             if not chunk:
                 now = _perf_ns()
                 break
-            if times:
-                # the idle deadline follows the stream (a store; the timer catches up lazily)
+            try:
+                events = feed(chunk)
+            except SSETooLarge as exc:
+                rec.t_end_ns = now
+                rec.fail(Outcome.INVALID_RESPONSE, "response_too_large", str(exc))
+                return
+            if times and events:
+                # the idle deadline follows the stream's events (a store; the timer catches up lazily);
+                # comments (": keep-alive", ": ping") are no progress: a server that sends only those
+                # after its first token is stalled, and the idle timeout says so
                 dl.when = min(total_at, ltime() + idle_s)
-            for data in feed(chunk):
+            for data in events:
                 if data == b"[DONE]":
                     done = True
                     break

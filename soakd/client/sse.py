@@ -18,12 +18,19 @@ class SSEEvent(NamedTuple):
     id: str = ""
 
 
+class SSETooLarge(ValueError):
+    """A line, or an event's data, longer than the decoder's limit: the response is too large to
+    be a chunk of a completion (a server that streams garbage, or a proxy's error page without
+    line breaks); the client classifies it ``response_too_large``."""
+
+
 class SSEDecoder:
-    __slots__ = ("_buf", "_data", "_event", "_id", "max_event_bytes")
+    __slots__ = ("_buf", "_data", "_data_bytes", "_event", "_id", "max_event_bytes")
 
     def __init__(self, max_event_bytes: int = 16 * 1024 * 1024) -> None:
         self._buf = b""
         self._data: list[bytes] = []
+        self._data_bytes = 0
         self._event = ""
         self._id = ""
         self.max_event_bytes = max_event_bytes
@@ -37,8 +44,8 @@ class SSEDecoder:
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         lines = buf.split(b"\n")
         rest = lines.pop()
-        if len(rest) > self.max_event_bytes:
-            raise ValueError(f"SSE line longer than {self.max_event_bytes} bytes")
+        if len(buf) > self.max_event_bytes and max(len(rest), max(map(len, lines), default=0)) > self.max_event_bytes:
+            raise SSETooLarge(f"an SSE line longer than {self.max_event_bytes} bytes")
         self._buf = rest + hold
         events: list[SSEEvent] = []
         for line in lines:
@@ -55,6 +62,9 @@ class SSEDecoder:
                 value = value[1:]
             if name == b"data":
                 self._data.append(value)
+                self._data_bytes += len(value) + 1
+                if self._data_bytes > self.max_event_bytes:
+                    raise SSETooLarge(f"an SSE event's data longer than {self.max_event_bytes} bytes")
             elif name == b"event":
                 self._event = value.decode("utf-8", "replace")
             elif name == b"id":
@@ -69,7 +79,7 @@ class SSEDecoder:
         state and no ``\r`` (what OpenAI-compatible servers send) is split at its blank lines
         directly; every other block, and any incomplete tail, goes through ``feed``. The result
         is the data of the events ``feed`` would return, in the same order."""
-        if self._buf or self._data or self._event or b"\r" in chunk:
+        if self._buf or self._data or self._event or b"\r" in chunk or len(chunk) > self.max_event_bytes:
             return [ev.data for ev in self.feed(chunk)]
         if chunk.startswith(b"data: ") and chunk.endswith(b"\n\n"):
             # "data: <p1>\n\ndata: <p2>\n\n...": split once; the newline count proves that no
@@ -94,6 +104,7 @@ class SSEDecoder:
         data = self._data[0] if len(self._data) == 1 else b"\n".join(self._data)
         ev = SSEEvent(data, self._event, self._id)
         self._data = []
+        self._data_bytes = 0
         self._event = ""
         return ev
 

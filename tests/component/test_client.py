@@ -366,6 +366,35 @@ async def test_stream_edge_cases(chunks: tuple[bytes, ...], outcome: Outcome, re
     assert (rec.outcome, rec.reason) == (outcome, reason), rec
 
 
+async def test_an_oversized_sse_line_is_response_too_large() -> None:
+    """17 MiB without a line break after a first token (a server streaming garbage, a proxy's
+    page): a response error, not a client exception."""
+    async with serve(sse_handler(delta("Hello"), b"data: " + b"x" * (17 << 20), b"\n\ndata: [DONE]\n\n")) as url:
+        rec = await execute(url, chat_body())
+    assert (rec.outcome, rec.reason) == (Outcome.INVALID_RESPONSE, "response_too_large"), rec
+    assert "longer than 16777216 bytes" in rec.error
+
+
+async def test_keep_alive_comments_are_no_progress_for_the_idle_timeout() -> None:
+    """After its first token the server sends only SSE comments (a stalled engine behind a
+    front end that pings): the idle timeout ends the request, not the total one."""
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(delta("Hello"))
+        for _ in range(200):  # 20 s of pings, bounded: the test's request gives up long before
+            await asyncio.sleep(0.1)
+            await resp.write(b": ping\n\n")
+        await resp.write_eof()
+        return resp
+
+    async with serve(handler) as url:
+        rec = await execute(url, chat_body(), timeouts={"idle": 0.5, "total": 20})
+    assert (rec.outcome, rec.reason) == (Outcome.TIMEOUT, "idle_timeout"), rec
+    assert rec.e2e_seconds < 15, rec  # the idle timeout, far from the total one (not a timing claim)
+
+
 async def test_server_that_ignores_stream_true() -> None:
     """A server answering a streamed request with one JSON body is measured as non-streamed."""
 

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from soakd.client.sse import SSEDecoder, SSEEvent
+from soakd.client.sse import SSEDecoder, SSEEvent, SSETooLarge
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -230,10 +230,23 @@ def test_decoder_is_reusable_after_close() -> None:
     assert dec.feed(b"data: next\n\n") == [SSEEvent(b"next")]
 
 
-def test_oversized_line_is_refused() -> None:
+@pytest.mark.parametrize("chunk", [
+    b"data: " + b"x" * 100,  # an unterminated tail
+    b"data: " + b"x" * 100 + b"\n\n",  # a whole line in one chunk (the fast path)
+    b"data: ok\n\n: " + b"c" * 100 + b"\n\ndata: ok\n\n",  # a whole line among others
+    b"".join(b"data: %s\n" % (b"y" * 20) for _ in range(4)) + b"\n",  # many data lines of one event
+])
+def test_oversized_line_or_event_is_refused(chunk: bytes) -> None:
+    with pytest.raises(SSETooLarge, match="longer than 64 bytes"):
+        SSEDecoder(max_event_bytes=64).feed(chunk)
+    with pytest.raises(SSETooLarge, match="longer than 64 bytes"):
+        SSEDecoder(max_event_bytes=64).feed_data(chunk)
+
+
+def test_events_up_to_the_limit_pass() -> None:
     dec = SSEDecoder(max_event_bytes=64)
-    with pytest.raises(ValueError, match="longer than 64 bytes"):
-        dec.feed(b"data: " + b"x" * 100)
+    assert dec.feed_data(b"data: " + b"x" * 58 + b"\n\n") == [b"x" * 58]
+    assert dec.feed_data(b"data: " + b"x" * 20 + b"\ndata: " + b"y" * 20 + b"\n\n") == [b"x" * 20 + b"\n" + b"y" * 20]
 
 
 def test_many_events_in_one_chunk_keep_order() -> None:
