@@ -105,7 +105,9 @@ def _config_error(exc: ConfigError) -> int:
 
 def _install_signals(daemon: Any) -> None:
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    # SIGHUP (the terminal closed, an ssh session dropped, a supervisor's "reload") drains like SIGTERM:
+    # soakd has no log file to reopen (it logs to stdout), and dying at once loses the open window
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         try:
             loop.add_signal_handler(sig, daemon.request_stop, sig.name)
         except (NotImplementedError, RuntimeError):

@@ -28,7 +28,7 @@ from soakd.store import RunStore, StoreError, StoreUnavailable, hash_config
 
 log = structlog.get_logger("soakd")
 
-GRACEFUL_STOPS = ("SIGTERM", "SIGINT")  # stops that leave the run resumable
+GRACEFUL_STOPS = ("SIGTERM", "SIGINT", "SIGHUP")  # stops that leave the run resumable
 
 
 class RunSession:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import signal
 from pathlib import Path
 
 import junitparser
@@ -59,9 +60,11 @@ async def test_demo(tmp_path: Path) -> None:
     assert suite.errors == 1 and suite.failures == 0
 
 
-async def test_sigterm_drains_and_writes_a_partial_window(tmp_path: Path) -> None:
-    """JSON logs: read /metrics from the soakd_started line's metrics_url, SIGTERM in the middle of
-    a window, then: exit 0, in-flight requests drained (none cancelled), the last window partial,
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+async def test_sigterm_drains_and_writes_a_partial_window(tmp_path: Path, sig: signal.Signals) -> None:
+    """JSON logs: read /metrics from the soakd_started line's metrics_url, SIGTERM (or SIGHUP: a
+    closed terminal, a dropped ssh session; it had killed soakd at once, exit 129, no report) in
+    the middle of a window, then: exit 0, in-flight requests drained (none cancelled), the last window partial,
     the report (report.json, from the store) and the soakd_finished event agree."""
     async with sim_server(**dict(QUICK_SIM, tpot_base=0.005)) as sim:
         proc = await SoakdProcess.start(
@@ -80,17 +83,17 @@ async def test_sigterm_drains_and_writes_a_partial_window(tmp_path: Path) -> Non
                   if s.name == "soakd_requests_total" and s.labels == {"target": "main", "scenario": "short_chat", "outcome": "ok"}]
             assert len(ok) == 1 and ok[0] > 0
             await asyncio.sleep(0.4)  # into the next window
-            proc.signal()
+            proc.signal(sig)
             finished = await proc.json_event("soakd_finished", timeout=30)
             rc = await proc.finish()
         finally:
             await proc.kill()
     assert rc == 0, proc.output()[-3000:] + proc.stderr[-2000:]
-    assert finished["stop_reason"] == "SIGTERM"
+    assert finished["stop_reason"] == sig.name
     events = [json.loads(line)["event"] for line in proc.lines if line.startswith("{")]
     assert "stop_requested" in events and "drain_grace_expired" not in events
     report = json.loads(Path(finished["report"]).read_text())
-    assert report["run"]["stop_reason"] == "SIGTERM"
+    assert report["run"]["stop_reason"] == sig.name
     outcomes = run_outcomes(report)
     assert outcomes["cancelled"] == 0 and outcomes["ok"] == finished["requests_measured"]
     windows = report["windows"]
