@@ -98,6 +98,14 @@ def _print_config(cfg: SoakConfig) -> None:
     sys.stdout.write(yaml.safe_dump(cfg.redacted(), sort_keys=False, default_flow_style=None))
 
 
+def _stderr_line(text: str) -> None:
+    """A line on stderr, after the log lines (a thread writes them to stdout)."""
+    from soakd import logging_setup
+
+    logging_setup.drain()
+    sys.stderr.write(text + "\n")
+
+
 def _config_error(exc: ConfigError) -> int:
     sys.stderr.write(f"soakd: {exc}\n")
     return EXIT_CONFIG
@@ -120,14 +128,15 @@ def _install_signals(daemon: Any) -> None:
 async def _soak(cfg: SoakConfig, progress: bool | None = None, nvml_module: Any = None, new_run: bool = False,
                 record_listeners: tuple[Any, ...] = ()) -> tuple[int, Any]:
     from soakd.runtime import Runtime, StartupError
+    from soakd.soak.target import TargetUnavailable
 
     runtime = Runtime(cfg, progress=progress, nvml_module=nvml_module, new_run=new_run,
                       record_listeners=record_listeners)
     _install_signals(runtime)
     try:
         outcome = await runtime.run()
-    except StartupError as exc:
-        sys.stderr.write(f"soakd: {exc}\n")
+    except (StartupError, TargetUnavailable) as exc:
+        _stderr_line(f"soakd: {exc}")
         return EXIT_FAIL, None
     if outcome.verdict is None:  # the target never answered, or the run was stopped before it had one
         return (EXIT_OK if outcome.graceful_stop else EXIT_FAIL), outcome
@@ -225,10 +234,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             raise StoreError(f"cannot listen on {cfg.metrics.host}:{cfg.metrics.port} for /metrics: "
                              f"{exc.strerror or exc}; choose another --metrics-port (0 picks a free one)") from None
 
+    from soakd.soak.target import TargetUnavailable
+
     try:
         outcome = _run_async(sweep())
-    except StoreError as exc:
-        sys.stderr.write(f"soakd sweep: {exc}\n")
+    except (StoreError, TargetUnavailable) as exc:
+        _stderr_line(f"soakd sweep: {exc}")
         return EXIT_FAIL
     if outcome.document is None:
         sys.stderr.write(f"soakd sweep: {cfg.target.display_url} never answered GET /models; no sweep was recorded\n")
@@ -267,6 +278,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
     from soakd.batch.input import InputError
     from soakd import logging_setup
     from soakd.batch.runner import BatchRunner, print_accounting
+    from soakd.soak.target import TargetUnavailable
     from soakd.store import StoreError
 
     over: dict[str, Any] = {}
@@ -297,8 +309,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
     except InputError as exc:
         sys.stderr.write(f"soakd batch: {exc}\n")
         return EXIT_CONFIG
-    except StoreError as exc:
-        sys.stderr.write(f"soakd batch: {exc}\n")
+    except (StoreError, TargetUnavailable) as exc:
+        _stderr_line(f"soakd batch: {exc}")
         return EXIT_FAIL
     if tty:
         sys.stderr.write("\n")

@@ -240,7 +240,8 @@ class Runtime:
         scheduler.start()
         try:
             model = await resolve_model(self.client, cfg.target, self.status.model, has_key=bool(self.api_key),
-                                        stop=self._stop_requested, give_up_after=cfg.run.duration,
+                                        stop=self._stop_requested,
+                                        give_up_after=min(cfg.run.wait_for_target, cfg.run.duration),
                                         on_answer=self._target_answered)
             if model is None:
                 self.status.phase = "done"
@@ -250,7 +251,8 @@ class Runtime:
             self.status.model = self.targets[0].model = model
             for t in self.targets[1:]:
                 t.model = await resolve_model(t.client, t.cfg, t.cfg.model, has_key=t.has_key,
-                                              stop=self._stop_requested, give_up_after=cfg.run.duration)
+                                              stop=self._stop_requested,
+                                              give_up_after=min(cfg.run.wait_for_target, cfg.run.duration))
                 if t.model is None:
                     self.status.phase = "done"
                     reason = self.stop_reason or "target_unreachable"

@@ -151,7 +151,7 @@ class BatchRunner:
                 model = None
                 if any("model" not in ln.body for ln in todo):
                     model = await resolve_model(self.client, cfg.target, cfg.target.model, has_key=bool(self.api_key),
-                                                stop=self._stop, give_up_after=300.0)
+                                                stop=self._stop, give_up_after=cfg.run.wait_for_target)
                     if model is None:
                         return BatchOutcome(batch_id, prior is not None, False,
                                             self._accounting(good, bad, {}, len(todo), "target_unreachable"))

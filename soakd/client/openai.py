@@ -102,6 +102,24 @@ class _Deadline:
         self.task.cancel()
 
 
+class UnexpectedAnswer(RuntimeError):
+    """The target answered, but not with what the OpenAI API answers: a status other than 200, or
+    a body that is not JSON (an HTML page: a web UI, a proxy, a URL without /v1)."""
+
+    def __init__(self, path: str, status: int, content_type: str, body: bytes) -> None:
+        self.path, self.status, self.content_type, self.body = path, status, content_type, body
+        head = body[:200].decode("utf-8", "replace").strip()
+        if status == 200:
+            what = "HTML" if self.html else (content_type.split(";")[0] or "no content type")
+            super().__init__(f"GET {path} returned {what} instead of JSON: {head[:120]!r}")
+        else:
+            super().__init__(f"GET {path} returned HTTP {status}: {head!r}")
+
+    @property
+    def html(self) -> bool:
+        return "html" in self.content_type.lower() or self.body.lstrip()[:1] == b"<"
+
+
 class OpenAIClient:
     """Shares one ClientSession/TCPConnector sized to the load."""
 
@@ -138,13 +156,21 @@ class OpenAIClient:
 
     # ------------------------------------------------------------------ helpers (non-load paths)
     async def list_models(self) -> list[str]:
+        """The ids ``GET /models`` lists. Raises ``UnexpectedAnswer`` for an answer that is not a
+        JSON model list (a status other than 200, HTML, ...), TimeoutError, aiohttp.ClientError."""
         async with self.session.get(
             self.base + "/models", timeout=aiohttp.ClientTimeout(total=self.target.timeouts.connect + 20)
         ) as resp:
             body = await resp.read()
-            if resp.status != 200:
-                raise RuntimeError(f"GET /models returned HTTP {resp.status}: {body[:200]!r}")
-        data = json.loads(body)
+            ctype = resp.headers.get("Content-Type", "")
+        if resp.status != 200:
+            raise UnexpectedAnswer("/models", resp.status, ctype, body)
+        try:
+            data = json.loads(body)
+        except ValueError:
+            raise UnexpectedAnswer("/models", resp.status, ctype, body) from None
+        if not isinstance(data, dict):
+            raise UnexpectedAnswer("/models", resp.status, ctype, body)
         return [m["id"] for m in data.get("data", []) if isinstance(m, dict) and "id" in m]
 
     async def post_json(self, path: str, body: dict[str, Any],

@@ -50,6 +50,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--warmup", "run.warmup", "warm-up excluded from statistics (default 2m)", "duration"),
     Flag("--max-requests", "run.max_requests", "end after this many requests", "int"),
     Flag("--grace", "run.grace", "drain period for in-flight requests at shutdown (default 30s)", "duration"),
+    Flag("--wait-for-target", "run.wait_for_target",
+         "at start, how long to wait for the target to answer (default 15m), then exit 1 with the cause", "duration"),
     Flag("--metrics-host", "metrics.host", "listen address for /metrics (default 0.0.0.0)"),
     Flag("--metrics-port", "metrics.port", "listen port for /metrics (default 9400; 0 = any)", "int"),
     Flag("--state-dir", "run.state_dir", "state and report directory (default ./soakd-state)", "path"),

@@ -313,6 +313,10 @@ class RunConfig(_Model):
     window: Duration = Field(1800.0, gt=0, description="Tumbling analysis window (the method's 30 minutes).")
     max_requests: int | None = Field(None, ge=1, description="End the run after this many requests were sent.")
     grace: Duration = Field(30.0, ge=0, description="On shutdown, how long in-flight requests may take to drain.")
+    wait_for_target: Duration = Field(
+        900.0, gt=0, description="At start, how long to wait for the target to answer GET /models (a model "
+        "loading); then the run exits 1 with the cause (nothing listening, a URL without /v1, an HTML page, "
+        "HTTP 503) and a hint. Capped by the duration. Outages during the run are findings, not this.")
     seed: int = Field(0, description="Seeds prompts, arrivals and the mix: same seed, same traffic.")
     state_dir: Path = Field(Path("./soakd-state"), description="Where the run's state and reports go.")
     junit: Path | None = Field(None, description="Also write the verdict as JUnit XML to this file at the end of "

@@ -154,7 +154,7 @@ class SweepRunner:
             log.info("sweep_started", sweep=self.sweep_id, mode=self.mode, levels=self.levels,
                      metrics_url=self.web.url + "/metrics", state_db=str(store.path))
             model = await resolve_model(self.client, cfg.target, cfg.target.model, has_key=bool(self.api_key),
-                                        stop=self._stop, give_up_after=max(60.0, cfg.sweep.step * 2))
+                                        stop=self._stop, give_up_after=cfg.run.wait_for_target)
             if model is None:
                 return SweepOutcome(self.sweep_id, None, self.stop_reason or "target_unreachable")
             await store.create_run(self.sweep_id, cfg.redacted(), target=cfg.target.display_url, model=model, kind="sweep")

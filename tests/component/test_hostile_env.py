@@ -113,3 +113,64 @@ async def test_a_broken_stdout_is_said_once_and_the_run_finishes(tmp_path: Path)
     report = json.loads((run_dirs[0] / "report.json").read_text())
     verdict = report["verdict"]
     assert proc.returncode == verdict["exit_code"], (proc.returncode, verdict, err)
+
+
+# ---- a target checked at start ---------------------------------------------------------------------
+
+
+async def _run_until_exit(*args: str, timeout: float = 60.0) -> tuple[int, str, str]:
+    from helpers import run_soakd
+
+    return await run_soakd("run", *args, "--duration", "1h", "--wait-for-target", "2s", "--metrics-port", "0",
+                           "--metrics-host", "127.0.0.1", "--log-format", "json", "--nvml", "off", timeout=timeout)
+
+
+async def test_a_target_url_without_v1_fails_at_start_with_the_fix(tmp_path: Path) -> None:
+    async with sim_server(**QUICK_SIM) as sim:
+        origin = sim.base_url.removesuffix("/v1")
+        rc, out, err = await _run_until_exit("--target", origin, "--state-dir", str(tmp_path))
+    assert rc == 1, out + err
+    assert f"the URL lacks /v1: use --target {origin}/v1" in err, err
+    events = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    unavailable = [e for e in events if e["event"] == "target_unavailable"]
+    assert unavailable and "HTTP 404" in unavailable[0]["cause"], out
+    assert not any(e["event"] == "load_started" for e in events)
+
+
+async def test_nothing_listening_fails_within_wait_for_target_with_the_cause(tmp_path: Path) -> None:
+    """--duration 1h, the port closed: the run ends after --wait-for-target (2 s), not the hour."""
+    port = free_port()
+    rc, _out, err = await _run_until_exit("--target", f"http://127.0.0.1:{port}/v1", "--state-dir", str(tmp_path))
+    assert rc == 1
+    assert f"nothing accepts connections at 127.0.0.1:{port}" in err and "run.wait_for_target" in err, err
+
+
+async def test_an_html_page_instead_of_the_api_fails_at_start(tmp_path: Path) -> None:
+    from aiohttp import web
+
+    async def page(_request: web.Request) -> web.Response:
+        return web.Response(text="<!doctype html><html><body>Login</body></html>", content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", page)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # noqa: SLF001
+    try:
+        rc, _out, err = await _run_until_exit("--target", f"http://127.0.0.1:{port}/v1", "--state-dir", str(tmp_path))
+    finally:
+        await runner.cleanup()
+    assert rc == 1
+    assert "answered HTML, not JSON" in err and "JSONDecodeError" not in err, err
+
+
+async def test_a_model_the_target_does_not_serve_fails_at_start_with_the_list(tmp_path: Path) -> None:
+    """--model nope: one probe request, exit 1 naming what is served (before: a warning, then
+    14,434 requests answered 404 in one 10-s window)."""
+    async with sim_server(**QUICK_SIM) as sim:
+        rc, out, err = await _run_until_exit("--target", sim.base_url, "--model", "nope", "--state-dir", str(tmp_path))
+    assert rc == 1, out + err
+    assert "does not serve the model 'nope'" in err and "it serves: soakd-sim" in err, err
+    assert not any(json.loads(x)["event"] == "load_started" for x in out.splitlines() if x.startswith("{"))
