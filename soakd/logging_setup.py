@@ -1,8 +1,8 @@
 """structlog's production recipe: JSON lines to stdout (console renderer on a TTY), contextvars,
 ISO UTC timestamps; aiohttp's and APScheduler's stdlib logs rendered the same way.
 
-Lines are rendered where they are logged and written by one thread (``LogWriter``): a log call
-never blocks the event loop and never raises. stdout is whatever the container runtime or the
+Lines are rendered and written where they are logged, without waiting (``LogWriter``): a log call
+never blocks the event loop and never raises; a writer thread takes over only while stdout is slow. stdout is whatever the container runtime or the
 shell gave soakd, and it can stall (a log driver that stops reading, a terminal paused with
 Ctrl-S) or break (``| head``, a log shipper gone). A stalled stdout fills a bounded queue, and
 lines past it are dropped and counted (``soakd_log_dropped_total``, one warning once it drains);
@@ -17,8 +17,11 @@ import logging
 import os
 import queue
 import select
+import socket
+import stat
 import sys
 import threading
+import time
 from typing import Any, TextIO
 
 import structlog
@@ -57,39 +60,162 @@ EXIT_DRAIN_SECONDS = 5.0  # at exit, how long the queued lines may take to reach
 _STOP = threading.Event()  # put by close(): the thread ends
 
 
-class LogWriter:
-    """One daemon thread writing rendered lines to a stream; ``put`` never blocks.
+class _Sink:
+    """Where the lines go, written two ways: ``try_write`` from the logging thread, never blocking
+    (what did not fit comes back), and ``write`` from the writer thread, waiting for room.
 
-    Where the stream has a file descriptor the thread writes with ``os.write`` (no Python lock
-    is held while a stalled pipe blocks, so the interpreter can still exit); otherwise (a test's
-    captured stdout) with the stream's own ``write``."""
+    A pipe or a terminal is opened a second time through ``/proc/self/fd`` with ``O_NONBLOCK``: a new
+    open file description, so that the flag is soakd's own and not that of the shell or the container
+    runtime that shares stdout. A socket (systemd's journal) is sent to with ``MSG_DONTWAIT``. A regular
+    file or ``/dev/null`` is written directly (a write there does not wait on a reader). Where none of
+    this works, every line goes through the writer thread."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.fd: int | None = None
+        self.kind = "stream"  # stream (no descriptor: a test's capture), file, nonblocking, socket, thread
+        self._nb: int | None = None
+        self._sock: socket.socket | None = None
+        try:
+            self.fd = stream.fileno()
+        except (AttributeError, OSError, ValueError):
+            return
+        try:
+            mode = os.fstat(self.fd).st_mode
+        except OSError:
+            self.kind = "thread"
+            return
+        if stat.S_ISREG(mode) or (stat.S_ISCHR(mode) and not os.isatty(self.fd)):
+            self.kind = "file"
+        elif stat.S_ISSOCK(mode):
+            try:
+                self._sock = socket.socket(fileno=os.dup(self.fd))
+                self.kind = "socket"
+            except OSError:
+                self.kind = "thread"
+        else:  # a pipe (FIFO), a terminal
+            try:
+                self._nb = os.open(f"/proc/self/fd/{self.fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+                self.kind = "nonblocking"
+            except OSError:
+                self.kind = "thread"
+
+    def try_write(self, data: str) -> str | bytes | None:
+        """Write what fits now; the rest (None: all written). Raises OSError (EPIPE...), ValueError."""
+        if self.kind == "stream":
+            self.stream.write(data)
+            self.stream.flush()
+            return None
+        if self.kind == "thread":
+            return data
+        view = memoryview(data.encode("utf-8", "replace"))
+        try:
+            while view:
+                if self.kind == "file":
+                    view = view[os.write(self.fd, view):]  # type: ignore[arg-type]
+                elif self.kind == "socket":
+                    view = view[self._sock.send(view, socket.MSG_DONTWAIT):]  # type: ignore[union-attr]
+                else:
+                    view = view[os.write(self._nb, view):]  # type: ignore[arg-type]
+        except BlockingIOError:
+            return bytes(view)
+        return None
+
+    def write(self, data: str | bytes) -> None:
+        """Write it all, waiting for room (the writer thread). Raises OSError, ValueError."""
+        if self.kind == "stream":
+            self.stream.write(data if isinstance(data, str) else data.decode("utf-8", "replace"))
+            self.stream.flush()
+            return
+        view = memoryview(data.encode("utf-8", "replace") if isinstance(data, str) else data)
+        while view:
+            if self.kind == "socket":
+                self._sock.sendall(view)  # type: ignore[union-attr]
+                return
+            fd = self._nb if self.kind == "nonblocking" else self.fd
+            try:
+                view = view[os.write(fd, view):]  # type: ignore[arg-type]
+            except BlockingIOError:  # the reader is behind (or a non-blocking stdout): wait for room
+                select.select([], [fd], [], 1.0)
+
+    def gone(self) -> None:
+        """The reader is gone: stdout becomes /dev/null (the interpreter flushes sys.stdout at exit:
+        a broken pipe there would turn a finished run into exit 120)."""
+        for closer in (lambda: self._sock.detach() if self._sock else None,
+                       lambda: os.close(self._nb) if self._nb is not None else None):
+            try:
+                closer()
+            except OSError:
+                pass
+        self._nb, self._sock = None, None
+        if self.fd is not None:
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, self.fd)
+                os.close(devnull)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        if self._nb is not None:
+            try:
+                os.close(self._nb)
+            except OSError:
+                pass
+            self._nb = None
+        if self._sock is not None:
+            self._sock.detach()
+            self._sock = None
+
+
+class LogWriter:
+    """Rendered lines to a stream; ``put`` never blocks and never raises.
+
+    The logging thread writes each line itself, without waiting (``_Sink.try_write``): the common
+    case costs one system call and involves no other thread (a writer thread woken per line would
+    make the event loop wait for the GIL on a busy machine). When stdout does not take a line whole,
+    the rest and every later line go to a bounded queue that a daemon thread writes, waiting for
+    room; while that backlog lasts, lines past the queue are dropped and counted, and one warning
+    says how many once it drained. A broken stdout is said once on stderr and lines are dropped."""
 
     def __init__(self, stream: TextIO, maxsize: int = QUEUE_LINES) -> None:
         self.stream = stream
-        self._queue: queue.Queue[str | threading.Event] = queue.Queue(maxsize)
+        self.sink = _Sink(stream)
+        self._queue: queue.Queue[str | bytes | threading.Event] = queue.Queue(maxsize)
         self._lock = threading.Lock()
+        self._backlog = False  # lines are queued: later lines queue behind them (order)
         self.dropped = 0  # lines dropped: the queue was full, or the stream is gone
         self._unreported = 0  # dropped since the last warning
         self.warned = False
         self.broken: str | None = None  # why the stream is gone
-        try:
-            self._fd: int | None = stream.fileno()
-        except (AttributeError, OSError, ValueError):
-            self._fd = None
         self._thread = threading.Thread(target=self._run, name="soakd-log-writer", daemon=True)
         self._thread.start()
 
     # ---- callers (any thread)
     def put(self, line: str) -> None:
-        if self.broken is None:
-            try:
-                self._queue.put_nowait(line)
-                return
-            except queue.Full:
-                pass
+        data: str | bytes = line + "\n"
         with self._lock:
-            self.dropped += 1
-            self._unreported += 1
+            if self.broken is None:
+                if not self._backlog:
+                    try:
+                        rest = self.sink.try_write(data)  # type: ignore[arg-type]
+                    except (OSError, ValueError) as exc:  # EPIPE, EBADF, a closed stream
+                        self._gone(exc)
+                        rest = None
+                        self._drop(1)
+                    if rest is None:
+                        return
+                    self._backlog, data = True, rest
+                try:
+                    self._queue.put_nowait(data)
+                    return
+                except queue.Full:
+                    pass
+            self._drop(1)
+
+    def _drop(self, n: int) -> None:
+        self.dropped += n
+        self._unreported += n
 
     def close(self, timeout: float = 1.0) -> None:
         """Write what is queued (up to ``timeout`` seconds) and end the thread."""
@@ -98,62 +224,55 @@ class LogWriter:
             self._queue.put_nowait(_STOP)
         except queue.Full:
             pass
+        self.sink.close()
 
     def drain(self, timeout: float) -> bool:
         """Wait until every queued line is written (or ``timeout`` seconds): True when it was."""
+        deadline = time.monotonic() + max(timeout, 0.0)
         done = threading.Event()  # a marker: the thread sets it once everything before it is written
-        try:
-            self._queue.put(done, timeout=max(timeout, 0.0))
-        except queue.Full:
-            return False
-        return done.wait(timeout)
+        while True:
+            with self._lock:
+                if not self._backlog or self.broken is not None:
+                    return True
+                try:
+                    self._queue.put_nowait(done)
+                    break
+                except queue.Full:
+                    pass
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+        return done.wait(max(0.0, deadline - time.monotonic()))
 
     # ---- the thread
     def _run(self) -> None:
         get = self._queue.get
         while True:
             item = get()
-            batch: list[str] = []
-            markers: list[threading.Event] = []
-            while True:
-                if isinstance(item, str):
-                    batch.append(item)
-                else:
-                    markers.append(item)
-                if len(batch) >= 256 or item is _STOP:
-                    break
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-            if batch and (self.broken is not None or not self._write("".join(line + "\n" for line in batch))):
-                with self._lock:
-                    self.dropped += len(batch)
-            for marker in markers:
-                if marker is _STOP:
+            if isinstance(item, threading.Event):
+                if item is _STOP:
                     return
-                marker.set()
-            if self._unreported and not self.warned and self.broken is None and self._queue.empty():
+                item.set()
+            elif self.broken is not None:
+                with self._lock:
+                    self._drop(1)
+            else:
+                try:
+                    self.sink.write(item)
+                except (OSError, ValueError) as exc:
+                    with self._lock:
+                        self._gone(exc)
+                        self._drop(1)
+            with self._lock:
+                if self._backlog and self._queue.empty():
+                    self._backlog = False
+                warn = self._unreported and not self.warned and not self._backlog and self.broken is None
+            if warn:
                 self._warn()
 
-    def _write(self, text: str) -> bool:
-        try:
-            if self._fd is None:
-                self.stream.write(text)
-                self.stream.flush()
-                return True
-            view = memoryview(text.encode("utf-8", "replace"))
-            while view:
-                try:
-                    view = view[os.write(self._fd, view):]
-                except BlockingIOError:  # a non-blocking stdout (shared with another process): wait for room
-                    select.select([], [self._fd], [], 1.0)
-            return True
-        except (OSError, ValueError) as exc:  # EPIPE, EBADF, a closed stream
-            self._gone(exc)
-            return False
-
     def _gone(self, exc: BaseException) -> None:
+        if self.broken is not None:
+            return
         self.broken = f"{type(exc).__name__}: {exc}"
         try:
             sys.__stderr__.write(f"soakd: stdout is gone ({self.broken}); log lines are dropped from now on "
@@ -161,15 +280,7 @@ class LogWriter:
             sys.__stderr__.flush()
         except (AttributeError, OSError, ValueError):
             pass
-        if self._fd is not None:
-            # the interpreter flushes sys.stdout at exit: a broken pipe there would turn a finished run
-            # into exit 120; /dev/null takes its place
-            try:
-                devnull = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(devnull, self._fd)
-                os.close(devnull)
-            except OSError:
-                pass
+        self.sink.gone()
 
     def _warn(self) -> None:
         with self._lock:
