@@ -37,7 +37,7 @@ from soakd.analysis.detector import (
 )
 from soakd.analysis.drift_watch import DriftDetector
 from soakd.analysis import errors as errors_mod
-from soakd.analysis.errors import ErrorDetector
+from soakd.analysis.errors import ErrorDetector, failures_text
 from soakd.analysis.periodic import PeriodicDrops
 from soakd.config.analysis import AnalysisConfig
 from soakd.core.findings import Finding, failing_reason
@@ -88,11 +88,13 @@ class WindowHistory:
         self.closed: deque[Window] = deque(maxlen=max_windows)
         self.count = 0  # windows ever added, beyond the bound too
         self._requests = self._failed = 0  # over every full window, beyond the bound too
+        self.failures: dict[str, int] = {}  # failed requests by bounded reason, over every full window
         self.measured = 0  # requests in every window, partial ones too
 
     def restore(self, windows: Iterable[Window]) -> None:
         self.closed.clear()
         self.count = self._requests = self._failed = self.measured = 0
+        self.failures = {}
         for w in windows:
             if not w.partial:
                 self.add(w)
@@ -104,6 +106,8 @@ class WindowHistory:
         if not w.partial:
             self._requests += w.requests
             self._failed += w.requests - int(w.outcomes.get("ok", 0)) - int(w.outcomes.get("cancelled", 0))
+            for reason, n in (w.failures or {}).items():
+                self.failures[reason] = self.failures.get(reason, 0) + int(n)
 
     @property
     def last(self) -> Window | None:
@@ -395,10 +399,13 @@ class Analyzer:
             text = f"error rate {error_rate:.2%} is above the budget {budget:.2%}"
             bursts = self.errors.state().bursts
             where = f" (error bursts in windows {', '.join(map(str, bursts[:12]))})" if bursts else ""
+            by_reason = failures_text(self.history.failures)
             out.append(Finding(kind="errors", diagnosis="error budget exceeded", severity="critical",
-                               message=f"{failed} of {requests} measured requests failed over the run: {text}{where}",
+                               message=f"{failed} of {requests} measured requests failed over the run: {text}{where}"
+                                       + (f"; {by_reason}" if by_reason else ""),
                                evidence={"error_rate": error_rate, "budget": budget, "failed": failed,
-                                         "requests": requests, "burst_windows": list(bursts)},
+                                         "requests": requests, "burst_windows": list(bursts),
+                                         "failures": dict(self.history.failures)},
                                fails="errors" in fail_on,
                                why=f"errors: {text}" if "errors" in fail_on else
                                "'errors' is not in analysis.verdict.fail_on"))

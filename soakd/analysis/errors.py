@@ -24,7 +24,7 @@ from soakd.config.analysis import AnalysisConfig
 from soakd.core.findings import Finding
 from soakd.core.summary import WindowSummary
 
-__all__ = ["ErrorDetector", "ErrorState", "burst_finding", "failed", "judged", "pct"]
+__all__ = ["ErrorDetector", "ErrorState", "burst_finding", "failed", "failures_text", "judged", "pct"]
 
 Window = WindowSummary
 
@@ -58,8 +58,33 @@ def _size(w: Window) -> dict[str, Any]:
     return {"failed": failed(w), "requests": w.requests, "outcomes": outcomes, "failures": dict(w.failures)}
 
 
+# what a reason that makes up most of the failures says about the target
+HINTS = {
+    "http_404": "HTTP 404: the target no longer serves the model or the endpoint (restarted with another "
+                "model or route? see --model and GET /v1/models)",
+    "http_401": "HTTP 401: the target stopped accepting the API key (rotated?)",
+    "http_403": "HTTP 403: the target stopped accepting the API key (rotated?)",
+    "http_429": "HTTP 429: the target's admission control or rate limit refuses the load",
+}
+
+
+def failures_text(failures: dict[str, int]) -> str:
+    """Failures by reason, most first (``http_404 120, timeout 3``), with the hint of a reason that
+    makes up most of them."""
+    if not failures:
+        return ""
+    ranked = sorted(failures.items(), key=lambda kv: -kv[1])
+    text = ", ".join(f"{k} {v}" for k, v in ranked[:6])
+    top, n = ranked[0]
+    if top in HINTS and n * 2 > sum(failures.values()):
+        text += f" — {HINTS[top]}"
+    return text
+
+
 def _text(ev: dict[str, Any]) -> str:
-    what = ev.get("failures") or ev.get("outcomes") or {}
+    if ev.get("failures"):
+        return failures_text(ev["failures"])
+    what = ev.get("outcomes") or {}
     return ", ".join(f"{k} {v}" for k, v in sorted(what.items(), key=lambda kv: -kv[1])) or "failed"
 
 

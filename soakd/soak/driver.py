@@ -7,6 +7,7 @@ drains in-flight requests within the grace period and cancels the rest (recorded
 from __future__ import annotations
 
 import asyncio
+import random
 
 import structlog
 
@@ -21,6 +22,14 @@ from soakd.workload.workload import PlannedRequest, Workload
 log = structlog.get_logger("soakd.driver")
 
 LATE_THRESHOLD = 0.010
+BACKOFF_FLOOR = 0.1  # seconds a closed-loop worker waits after a failed unit, doubling while they fail ...
+BACKOFF_CAP = 2.0  # ... up to this (times a jitter of 1-1.5): an outage's recovery is seen within ~3 s
+
+
+def backoff_delay(failures: int, u: float) -> float:
+    """The wait after the ``failures``-th failed unit in a row (1, 2, ...): the floor doubling up to the
+    cap, times ``1 + u / 2`` (``u`` uniform in [0, 1): jitter, so that the workers do not retry in step)."""
+    return min(BACKOFF_CAP, BACKOFF_FLOOR * 2 ** min(failures - 1, 16)) * (1.0 + u / 2)
 
 
 class LoadDriver:
@@ -120,7 +129,7 @@ class LoadDriver:
         return rec
 
     async def _unit(self, window: int) -> bool:
-        """Run one unit; True when the target could not be reached (the caller backs off)."""
+        """Run one unit; True when a request of it failed (the closed loop backs off)."""
         unit = self.workload.next_unit(window)  # warm-up (-1) has its own stratum
         take = len(unit)
         if self.max_requests is not None:
@@ -133,15 +142,16 @@ class LoadDriver:
         if self.max_requests is not None and self.issued >= self.max_requests:
             self.stop("max_requests")
         if take == 1:
-            return (await self._one(unit[0], window)).outcome is Outcome.CONNECTION_ERROR
+            return _failed(await self._one(unit[0], window))
         recs = await asyncio.gather(*(self._one(p, window) for p in unit))
-        return any(r.outcome is Outcome.CONNECTION_ERROR for r in recs)
+        return any(map(_failed, recs))
 
     # ---- loops
-    async def _worker(self) -> None:
+    async def _worker(self, index: int = 0) -> None:
         tl = self.timeline
         clock = self.clock
-        backoff = 0.0
+        failures = 0
+        jitter = random.Random(self.seed * 1_000_003 + index).random
         while not self._stop.is_set():
             if not self._running.is_set():
                 await self._wait_running()
@@ -151,14 +161,16 @@ class LoadDriver:
                 self.stop("duration")
                 break
             if await self._unit(tl.window_at(now)):
-                # target unreachable: back off (50 ms doubling to 2 s) instead of spinning on refusals
-                backoff = min(2.0, backoff * 2 or 0.05)
+                # a failed unit: back off before the next, so that a target that fails fast (refused
+                # connections, 404 for the model, HTML, 5xx at once) gets less than the configured load,
+                # never a flood (at concurrency N: at most N / BACKOFF_FLOOR requests per second)
+                failures += 1
                 try:
-                    await asyncio.wait_for(self._stop.wait(), backoff)
+                    await asyncio.wait_for(self._stop.wait(), backoff_delay(failures, jitter()))
                 except TimeoutError:
                     pass
             else:
-                backoff = 0.0
+                failures = 0
 
     async def _open_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -215,8 +227,8 @@ class LoadDriver:
         """Drive load until the end; then drain (``grace`` seconds) and cancel what is left."""
         loop = asyncio.get_running_loop()
         if self.load.closed_loop:
-            for _ in range(self.load.effective_concurrency):
-                task = loop.create_task(self._worker())
+            for i in range(self.load.effective_concurrency):
+                task = loop.create_task(self._worker(i))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
             stopper = loop.create_task(self._stop_at_end())
@@ -244,3 +256,7 @@ class LoadDriver:
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
             log.warning("drain_grace_expired", cancelled_units=len(pending))
+
+
+def _failed(rec: RequestRecord) -> bool:
+    return rec.outcome is not Outcome.OK and rec.outcome is not Outcome.CANCELLED

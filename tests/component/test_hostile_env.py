@@ -174,3 +174,64 @@ async def test_a_model_the_target_does_not_serve_fails_at_start_with_the_list(tm
     assert rc == 1, out + err
     assert "does not serve the model 'nope'" in err and "it serves: soakd-sim" in err, err
     assert not any(json.loads(x)["event"] == "load_started" for x in out.splitlines() if x.startswith("{"))
+
+
+# ---- never hammer ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("answer", ["http_500", "html_200", "model_404"])
+async def test_a_target_that_fails_fast_gets_less_than_the_configured_load(tmp_path: Path, answer: str) -> None:
+    """A target that fails every request at once (5xx, an HTML page, 404 for the model): closed
+    loop at concurrency 8 for 4 s. Each worker backs off after a failed request (0.1 s doubling to
+    2 s, jittered): at most 8 / 0.1 = 80 requests a second reach it, whatever it does (before:
+    400-690 a second at concurrency 2)."""
+    from aiohttp import web
+
+    from soakd.soak.driver import BACKOFF_FLOOR
+
+    hits = 0
+
+    async def models(_request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+    async def chat(request: web.Request) -> web.Response:
+        nonlocal hits
+        hits += 1
+        await request.read()
+        if answer == "http_500":
+            return web.json_response({"error": {"message": "boom"}}, status=500)
+        if answer == "html_200":
+            return web.Response(text="<html>maintenance</html>", content_type="text/html")
+        return web.json_response({"error": {"message": "The model `m` does not exist.", "code": 404}}, status=404)
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # noqa: SLF001
+    try:
+        from helpers import run_soakd
+
+        rc, out, err = await run_soakd(
+            "run", "--target", f"http://127.0.0.1:{port}/v1", "--duration", "4s", "--window", "1s",
+            "--warmup", "0s", "--concurrency", "8", "--mix", "short_chat=1", "--nvml", "off", "--no-progress",
+            "--metrics-port", "0", "--metrics-host", "127.0.0.1", "--state-dir", str(tmp_path),
+            "--log-format", "json", timeout=90)  # fmt: skip
+    finally:
+        await runner.cleanup()
+    finished = [json.loads(x) for x in out.splitlines() if x.startswith("{") and '"soakd_finished"' in x]
+    assert finished, out[-2000:] + err
+    elapsed = finished[0]["elapsed"]
+    bound = 8 / BACKOFF_FLOOR * elapsed + 8
+    print(f"{answer}: {hits} requests in {elapsed:.1f} s at concurrency 8 (bound {bound:.0f}); "
+          f"failing: {finished[0]['failing']}; reasons: {finished[0]['reasons']}")
+    assert 8 <= hits <= bound, (hits, bound)
+    assert rc == 1 and finished[0]["verdict"] == "FAIL", finished[0]
+    messages = " ".join(f["message"] for f in finished[0]["failing"])
+    reason = {"http_500": "http_500", "html_200": "malformed_body", "model_404": "http_404"}[answer]
+    assert reason in messages, messages  # the failing finding names what failed
+    if answer == "model_404":
+        assert "no longer serves the model" in messages, messages

@@ -178,3 +178,13 @@ def test_bad_window_budget_names_the_field() -> None:
         AnalysisConfig.model_validate({"errors": {"window_budget": 0}})
     with pytest.raises(ValidationError, match="extra"):
         ErrorsConfig.model_validate({"budget": 0.1})
+
+
+def test_failures_text_names_the_reasons_and_the_hint_of_one_that_dominates() -> None:
+    from soakd.analysis.errors import failures_text
+
+    assert failures_text({}) == ""
+    assert failures_text({"timeout": 2, "http_404": 120}).startswith("http_404 120, timeout 2 — HTTP 404: the target "
+                                                                     "no longer serves the model")
+    # a 404 among many other failures says nothing of the model: no hint
+    assert failures_text({"http_404": 3, "http_500": 9}) == "http_500 9, http_404 3"

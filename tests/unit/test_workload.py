@@ -506,3 +506,13 @@ def test_constant_spacing_is_exact_and_does_not_drift() -> None:
 def test_unknown_arrival_process() -> None:
     with pytest.raises(ValueError, match="poisson or constant"):
         arrivals("bursty", 1.0, 0.0)
+
+
+def test_backoff_delay_doubles_from_the_floor_to_the_cap_with_jitter() -> None:
+    from soakd.soak.driver import BACKOFF_CAP, BACKOFF_FLOOR, backoff_delay
+
+    assert backoff_delay(1, 0.0) == BACKOFF_FLOOR and backoff_delay(2, 0.0) == 2 * BACKOFF_FLOOR
+    assert backoff_delay(1, 0.999) < 1.5 * BACKOFF_FLOOR
+    assert backoff_delay(50, 0.0) == BACKOFF_CAP and backoff_delay(10_000, 0.999) < 1.5 * BACKOFF_CAP
+    delays = [backoff_delay(k, 0.5) for k in range(1, 12)]
+    assert delays == sorted(delays) and min(delays) >= BACKOFF_FLOOR
