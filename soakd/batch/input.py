@@ -3,7 +3,9 @@
 
 Every line is checked; a line that cannot be sent (not JSON, a field missing or wrong, a
 ``custom_id`` seen before) is a *bad line*: it names its line number and field, goes to the error
-file, and the rest of the batch runs. Blank lines are skipped (not counted).
+file, and the rest of the batch runs. A line that is not UTF-8 is a bad line too (never sent with
+its bytes replaced). Blank lines are skipped (not counted). A file with no line at all, or with
+no line that can be sent, is an ``InputError`` (exit 2): there is no batch to run.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 # the endpoints a batch may name -> the path under the target's base URL (which ends in /v1)
 URLS = {"/v1/chat/completions": "/chat/completions", "/v1/completions": "/completions",
-        "/v1/embeddings": "/embeddings"}
+        "/v1/embeddings": "/embeddings", "/v1/responses": "/responses"}
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,12 @@ def read_input(path: Path) -> tuple[list[BatchLine], list[BadLine], str]:
     good: list[BatchLine] = []
     bad: list[BadLine] = []
     seen: dict[str, int] = {}
-    for n, text in enumerate(raw.decode("utf-8", errors="replace").splitlines(), start=1):
+    for n, line in enumerate(raw.splitlines(), start=1):
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            bad.append(BadLine(n, None, "line", f"not UTF-8 (byte {line[exc.start]:#04x} at column {exc.start + 1})"))
+            continue
         if not text.strip():
             continue
         try:
@@ -97,8 +104,18 @@ def read_input(path: Path) -> tuple[list[BatchLine], list[BadLine], str]:
             if not isinstance(msgs, list) or not msgs:
                 bad.append(BadLine(n, cid, "body.messages", "a chat request needs a non-empty messages list"))
                 continue
+        elif url == "/v1/responses":
+            if "input" not in body:
+                bad.append(BadLine(n, cid, "body.input", "a responses request needs input"))
+                continue
         elif "prompt" not in body:
             bad.append(BadLine(n, cid, "body.prompt", "a completions request needs a prompt"))
             continue
         good.append(BatchLine(n, cid, url, body))
+    if not good and not bad:
+        raise InputError(f"the batch input {path} has no request line (it is empty, or blank lines only)")
+    if not good:
+        first = "; ".join(f"line {b.line_no}: {b.field}: {b.message}" for b in bad[:3])
+        raise InputError(f"the batch input {path} has no line that can be sent ({len(bad)} bad: {first}"
+                         + (" ..." if len(bad) > 3 else "") + ")")
     return good, bad, sha

@@ -100,6 +100,15 @@ def _validate(line: BatchLine, obj: Any, rules: Any) -> tuple[str, list[str]]:
                 for d in data):
             return "no_embedding", []
         return "", []
+    if line.url == "/v1/responses":  # the Responses API: output items, their output_text parts
+        output = obj.get("output")
+        if not isinstance(output, list):
+            return "no_output", []
+        text = "".join(part.get("text") or "" for item in output if isinstance(item, dict)
+                       for part in (item.get("content") or []) if isinstance(part, dict)
+                       and part.get("type") == "output_text")
+        flags = ["truncated"] if obj.get("status") == "incomplete" else []
+        return check_output(text, rules), flags
     choices = obj.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return "no_choices", []

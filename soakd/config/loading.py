@@ -112,9 +112,15 @@ def format_validation_error(exc: ValidationError, where: str = "") -> list[str]:
 
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        raw = Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError([f"config file {path}: cannot read it: {exc.strerror or exc}"]) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ConfigError([f"config file {path}: not UTF-8: byte {raw[exc.start]:#04x} at byte offset {exc.start} "
+                           f"(line {line}); save it as UTF-8"]) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -142,4 +148,45 @@ def load_config(
     try:
         return SoakConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc)) from None
+        raise ConfigError(format_validation_error(exc) + _cross_field_problems(data, exc)) from None
+
+
+def _without(data: Any, loc: tuple[Any, ...]) -> None:
+    """Remove the value at ``loc`` (the field falls back to its default), or its nearest mapping key."""
+    node, parent_key, parent = data, None, None
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            parent, parent_key, node = node, part, node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            parent, parent_key, node = node, part, node[part]
+        else:
+            break
+    if isinstance(parent, dict) and parent_key is not None:
+        parent.pop(parent_key, None)
+
+
+def _cross_field_problems(data: dict[str, Any], exc: ValidationError) -> list[str]:
+    """The checks across fields (the mix's scenarios, the window, the targets) run only once every
+    field is valid: run them again with the invalid fields at their defaults, so that every problem is
+    reported at once. Problems about a field already reported are left out."""
+    import copy
+
+    bad = [err["loc"] for err in exc.errors(include_url=False) if err["loc"]]
+    if not bad:  # the checks across fields did run: they are what failed
+        return []
+    first = set(format_validation_error(exc))
+    trial = copy.deepcopy(data)
+    for loc in bad:
+        _without(trial, loc)
+    try:
+        SoakConfig.model_validate(trial)
+    except ValidationError as again:
+        reported = {_fmt_loc(loc) for loc in bad}
+        out = []
+        for line in format_validation_error(again):
+            head = line.split(":", 1)[0]
+            if line not in first and not any(head == r or head.startswith(r + ".") or r.startswith(head + ".")
+                                             for r in reported):
+                out.append(line)
+        return out
+    return []

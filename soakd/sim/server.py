@@ -28,6 +28,7 @@ import signal
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 import structlog
 from aiohttp import web
@@ -70,16 +71,18 @@ def _check_auth(st: SimState, request: web.Request) -> web.Response | None:
     )
 
 
-async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
+async def _generate(request: web.Request, chat: bool, body: Any = None) -> web.StreamResponse:
+    """A chat or text completion; ``body``: already read (the Responses API's, translated)."""
     st = request.app[SIM_STATE]
     t_received_ns = time.perf_counter_ns()
     denied = _check_auth(st, request)
     if denied is not None:
         return denied
-    try:
-        body = json.loads(await request.read())
-    except (ValueError, UnicodeDecodeError):
-        return bad_request("The request body is not valid JSON.")
+    if body is None:
+        try:
+            body = json.loads(await request.read())
+        except (ValueError, UnicodeDecodeError):
+            return bad_request("The request body is not valid JSON.")
     if not isinstance(body, dict):
         return bad_request("The request body must be a JSON object.")
     try:
@@ -139,6 +142,51 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     return await _generate(request, chat=False)
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/responses`` (OpenAI's Responses API, as vLLM serves it), not streamed: ``input`` (a
+    string or a list of messages), ``instructions``, ``max_output_tokens``, ``temperature``; generated
+    as the chat completion of the same messages, answered as a response object."""
+    try:
+        body = json.loads(await request.read())
+    except (ValueError, UnicodeDecodeError):
+        return bad_request("The request body is not valid JSON.")
+    if not isinstance(body, dict):
+        return bad_request("The request body must be a JSON object.")
+    if body.get("stream"):
+        return bad_request("stream is not supported by this simulator's /v1/responses.", "stream")
+    inp = body.get("input")
+    if isinstance(inp, str):
+        messages: list[Any] = [{"role": "user", "content": inp}]
+    elif isinstance(inp, list) and inp and all(isinstance(m, dict) for m in inp):
+        messages = [{"role": m.get("role", "user"), "content": m.get("content", "")} for m in inp]
+    else:
+        return bad_request("'input' must be a string or a non-empty list of messages.", "input")
+    if isinstance(body.get("instructions"), str):
+        messages.insert(0, {"role": "system", "content": body["instructions"]})
+    chat = {"messages": messages, **{k: body[k] for k in ("model", "temperature", "top_p", "seed") if k in body}}
+    if body.get("max_output_tokens") is not None:
+        chat["max_tokens"] = body["max_output_tokens"]
+    resp = await _generate(request, True, chat)
+    if resp.status != 200 or not isinstance(resp, web.Response) or resp.body is None:
+        return resp
+    done = json.loads(resp.body)  # type: ignore[arg-type]
+    c0 = done["choices"][0]
+    usage = done.get("usage") or {}
+    incomplete = c0.get("finish_reason") == "length"
+    return web.json_response({
+        "id": "resp_" + str(done.get("id", "")).removeprefix("chatcmpl-"), "object": "response",
+        "created_at": done.get("created"), "model": done.get("model"),
+        "status": "incomplete" if incomplete else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "output": [{"type": "message", "id": "msg_" + str(done.get("id", "")), "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": c0["message"].get("content") or "",
+                                 "annotations": []}]}],
+        "usage": {"input_tokens": usage.get("prompt_tokens", 0), "output_tokens": usage.get("completion_tokens", 0),
+                  "total_tokens": usage.get("total_tokens", 0)},
+    }, headers={k: v for k, v in resp.headers.items() if k.lower() == "x-request-id"})
 
 
 EMBEDDING_DIM = 16
@@ -231,6 +279,7 @@ def build_app(
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_post("/v1/responses", responses)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/dcgm/metrics", dcgm_metrics)
     app.router.add_get("/health", health)

@@ -185,3 +185,45 @@ def test_reading_the_input(tmp_path: Path) -> None:
     assert len(good) == 200 and [b.line_no for b in bad] == [no for no in sorted(BAD) if no <= 208]
     assert all(b.error()["message"].startswith(f"line {b.line_no}: ") for b in bad)
     assert len(sha) == 64
+
+
+def test_input_that_is_not_what_it_claims(tmp_path: Path) -> None:
+    """A line that is not UTF-8 is a bad line (never sent with U+FFFD in its prompt); an empty file,
+    or one without a line that can be sent, is no batch (InputError: exit 2); /v1/responses lines
+    are accepted, as OpenAI's Batch API accepts them."""
+    from soakd.batch.input import InputError
+
+    inp = tmp_path / "in.jsonl"
+    ok = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/responses",
+                     "body": {"input": "Say hi", "max_output_tokens": 4}}).encode()
+    latin1 = b'{"custom_id": "b", "method": "POST", "url": "/v1/completions", "body": {"prompt": "caf\xe9"}}'
+    no_input = json.dumps({"custom_id": "c", "method": "POST", "url": "/v1/responses", "body": {}}).encode()
+    inp.write_bytes(b"\n".join([ok, latin1, no_input]) + b"\n")
+    good, bad, _ = read_input(inp)
+    assert [(g.custom_id, g.path) for g in good] == [("a", "/responses")]
+    assert [(b.line_no, b.field) for b in bad] == [(2, "line"), (3, "body.input")]
+    assert "not UTF-8 (byte 0xe9 at column" in bad[0].message
+    for content, needle in ((b"", "no request line"), (b"\n  \n", "no request line"),
+                            (latin1 + b"\n{oops\n", "no line that can be sent (2 bad: line 1: line: not UTF-8")):
+        inp.write_bytes(content)
+        with pytest.raises(InputError, match=needle.replace("(", r"\(")):
+            read_input(inp)
+
+
+async def test_empty_batch_exits_2_and_responses_lines_are_answered(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    rc, out, err = await run_soakd(*batch_args(empty, "http://127.0.0.1:9/v1", tmp_path / "s1"), timeout=60)
+    assert rc == 2 and "no request line" in err, out + err
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/responses",
+                                       "body": {"input": [{"role": "user", "content": f"question {i}"}],
+                                                "max_output_tokens": 4}}) + "\n" for i in range(5)))
+    async with sim_server(**QUICK_SIM) as sim:
+        rc, out, err = await run_soakd(*batch_args(inp, sim.base_url, tmp_path / "s2"), timeout=60)
+    assert rc == 0, out + err
+    rows = [json.loads(x) for x in (tmp_path / "in.output.jsonl").read_text().splitlines()]
+    assert sorted(r["custom_id"] for r in rows) == [f"r{i}" for i in range(5)]
+    body = rows[0]["response"]["body"]
+    assert body["object"] == "response" and body["output"][0]["content"][0]["type"] == "output_text"
+    assert body["output"][0]["content"][0]["text"] and body["status"] == "incomplete"  # 4 tokens: cut by the limit

@@ -24,6 +24,10 @@ pytestmark = pytest.mark.timeout(60)
         (["--concurrency", "0"], None, ["load.concurrency", "0"]),
         (["--target", "localhost:8000"], None, ["target.url", "'localhost:8000'"]),
         ([], "load:\n  concurrency: -1\n  arrival: bursty\n", ["load.concurrency", "-1", "load.arrival", "'bursty'"]),
+        # three problems in different layers (two fields, one check across fields): all at once
+        ([], "load:\n  concurrency: -1\n  arrival: bursty\n  mix: {short_chat: 1, nope: 2}\n",
+         ["load.concurrency", "load.arrival", "load.mix: unknown scenario(s) ['nope']"]),
+        ([], b"run:\n  duration: 1h  # caf\xe9\n", ["not UTF-8: byte 0xe9 at byte offset 26 (line 2)"]),
         ([], "run: [unclosed\n", ["not valid YAML", "line 2, column 1"]),
         ([], "load:\n  mix: {mine: 1}\nscenarios:\n  mine:\n    like: short_chat\n"
              "    source: {type: sharegpt, path: /nonexistent/sharegpt.json}\n",
@@ -32,12 +36,13 @@ pytestmark = pytest.mark.timeout(60)
     ],
 )
 async def test_config_errors_exit_2_naming_the_field(
-    tmp_path: Path, args: list[str], yaml_text: str | None, needles: list[str]
+    tmp_path: Path, args: list[str], yaml_text: str | bytes | None, needles: list[str]
 ) -> None:
     cmd = ["run", "--target", f"http://127.0.0.1:{free_port()}/v1", "--duration", "1s",
            "--metrics-port", "0", "--state-dir", str(tmp_path / "state"), *args]
     if yaml_text is not None:
-        (tmp_path / "soak.yaml").write_text(yaml_text)
+        path = tmp_path / "soak.yaml"
+        path.write_bytes(yaml_text) if isinstance(yaml_text, bytes) else path.write_text(yaml_text)
         cmd += ["--config", str(tmp_path / "soak.yaml")]
     rc, out, err = await run_soakd(*cmd)
     assert rc == 2, (out, err)
