@@ -292,12 +292,11 @@ def cmd_batch(args: argparse.Namespace) -> int:
     inp: Path = args.input
     output = args.output or inp.with_name(inp.stem + ".output.jsonl")
     errors = args.errors or inp.with_name(inp.stem + ".errors.jsonl")
-    tty = sys.stderr.isatty()
+    status = logging_setup.status_line()  # inactive where stderr is no terminal
+    tty = status.active
 
     def progress(line: str) -> None:
-        if tty:
-            sys.stderr.write("\r" + line[:200])
-            sys.stderr.flush()
+        status.show(line.split(" | "))
 
     async def batch() -> Any:
         runner = BatchRunner(cfg, inp, output, errors, new_batch=args.new_batch, progress=progress)
@@ -313,7 +312,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
         _stderr_line(f"soakd batch: {exc}")
         return EXIT_FAIL
     if tty:
-        sys.stderr.write("\n")
+        status.end()
     logging_setup.drain()  # the log lines first (a thread writes them)
     print_accounting(outcome)
     return EXIT_OK if outcome.finished and outcome.accounting["within_budget"] else EXIT_FAIL

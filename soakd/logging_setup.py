@@ -26,6 +26,8 @@ from typing import Any, TextIO
 
 import structlog
 
+from soakd.terminal import StatusLine
+
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
@@ -73,6 +75,7 @@ class _Sink:
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
         self.fd: int | None = None
+        self.tty = False
         self.kind = "stream"  # stream (no descriptor: a test's capture), file, nonblocking, socket, thread
         self._nb: int | None = None
         self._sock: socket.socket | None = None
@@ -85,7 +88,8 @@ class _Sink:
         except OSError:
             self.kind = "thread"
             return
-        if stat.S_ISREG(mode) or (stat.S_ISCHR(mode) and not os.isatty(self.fd)):
+        self.tty = os.isatty(self.fd)
+        if stat.S_ISREG(mode) or (stat.S_ISCHR(mode) and not self.tty):
             self.kind = "file"
         elif stat.S_ISSOCK(mode):
             try:
@@ -193,6 +197,16 @@ class LogWriter:
 
     # ---- callers (any thread)
     def put(self, line: str) -> None:
+        status = _status if self.sink.tty and _status is not None and _status.shown else None
+        if status is not None:  # a log line on the terminal: above the progress line, never glued to it
+            status.clear()
+        try:
+            self._put(line)
+        finally:
+            if status is not None:
+                status.redraw()
+
+    def _put(self, line: str) -> None:
         data: str | bytes = line + "\n"
         with self._lock:
             if self.broken is None:
@@ -293,6 +307,17 @@ class LogWriter:
             structlog.get_logger("soakd.log").warning("log_lines_dropped", **fields)
         else:
             self.put(json.dumps({"event": "log_lines_dropped", "level": "warning", **fields}))
+
+
+_status: StatusLine | None = None
+
+
+def status_line() -> StatusLine:
+    """The terminal's progress line (inactive where stderr is no terminal)."""
+    global _status
+    if _status is None:
+        _status = StatusLine(sys.stderr)
+    return _status
 
 
 _writer: LogWriter | None = None

@@ -285,8 +285,7 @@ class Runtime:
                 except Exception as exc:  # noqa: BLE001
                     log.warning("sampler_close_failed", sampler=runner.name, error=repr(exc))
             if self.progress:
-                sys.stderr.write("\n")
-                sys.stderr.flush()
+                logging_setup.status_line().end()
             for t in self.targets:
                 await t.client.close()
             if self.wedge is not None:
@@ -295,6 +294,12 @@ class Runtime:
             await self.heartbeat.stop()
             await self.web.stop()
             await self.session.close()
+
+    async def _progress(self) -> None:
+        """The live progress line on a terminal (stderr; nothing where it is no terminal)."""
+        parts = self.status.progress_parts()
+        if parts is not None:
+            logging_setup.status_line().show(parts)
 
     def _target_answered(self, up: bool) -> None:
         if up:
@@ -444,7 +449,7 @@ class Runtime:
             job(self.wedge.tick, 1.0, "wedge", 2)  # a check unless one is under way: never queued behind a probe
         job(self.status.summary_line, cfg.log.summary_interval, "summary", cfg.log.summary_interval)
         if self.progress:
-            job(self.status.progress_line, 1.0, "progress", 2)
+            job(self._progress, 1.0, "progress", 2)
         job(self._checkpoint, 10.0, "checkpoint", 10)
         if self.cgroup.available:
             job(self._cgroup, 1.0, "cgroup", 2)

@@ -231,8 +231,11 @@ class BatchRunner:
         c = self.counts
         finished = done_before + c["done"] + c["failed"]
         rate = (c["done"] + c["failed"]) / max(1e-9, time.monotonic() - t0)
-        line = (f"batch: {finished}/{total} finished ({c['done']} answered, {c['failed']} failed, "
-                f"{c['retries']} retries), {rate:.1f}/s")
+        left = (total - finished) / rate if rate > 0 else None
+        line = (f"batch: {finished}/{total} {finished / max(1, total):.0%}"
+                + (f" ETA {int(left) // 3600:02d}:{int(left) % 3600 // 60:02d}:{int(left) % 60:02d}" if left is not None
+                   else "")
+                + f" | {c['done']} answered, {c['failed']} failed | {c['retries']} retries | {rate:.1f}/s")
         log.info("batch_progress", finished=finished, total=total, answered=c["done"], failed=c["failed"],
                  retries=c["retries"], per_second=round(rate, 2))
         if self.progress is not None:

@@ -7,7 +7,6 @@ phase and the recent request rates.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -254,20 +253,23 @@ class StatusBoard:
                  errors=errs, e2e_p95=s.e2e_seconds.p95 if s else None,
                  ttft_p95=s.ttft_seconds.p95 if s else None, target_up=rec.target_up)
 
-    async def progress_line(self) -> None:
-        """The live progress line on a terminal (stderr)."""
+    def progress_parts(self) -> list[str] | None:
+        """The live progress line's parts, most important first (a narrow terminal shows the first
+        that fit): elapsed/duration with the percentage and the time left, the window, the target
+        down, errors, throughput, latency, in flight. None before the load starts."""
         if self.load is None:
-            return
+            return None
         rec, tl, now = self.load.recorder, self.load.timeline, self.clock.monotonic()
         s = self._current(now)
-        failed = sum(v for k, v in rec.outcomes.items() if k != "ok")
+        failed = sum(v for k, v in rec.outcomes.items() if k not in ("ok", "cancelled"))
         err = failed / rec.finished_count if rec.finished_count else 0.0
-        phase = "warm-up" if tl.window_at(now) < 0 else f"window {tl.window_at(now)}"
-        line = (
-            f"\r[{hms(tl.elapsed(now))}/{hms(tl.duration)}] {phase:>10} | {self.rates[0]:7.1f} req/s "
-            f"{self.rates[1]:8.0f} tok/s | p95 e2e {fmt_ms(s.e2e_seconds.p95 if s else None):>9} "
-            f"ttft {fmt_ms(s.ttft_seconds.p95 if s else None):>8} | in flight {rec.in_flight:4d} "
-            f"| errors {err:6.2%} {'' if rec.target_up else '| TARGET DOWN'}"
-        )
-        sys.stderr.write(line.ljust(120)[:160])
-        sys.stderr.flush()
+        window = tl.window_at(now)
+        left = max(0.0, tl.duration - tl.elapsed(now))
+        parts = [f"{hms(tl.elapsed(now))}/{hms(tl.duration)} {tl.progress(now):4.0%} ETA {hms(left)}",
+                 "warm-up" if window < 0 else f"window {window}"]
+        if not rec.target_up:
+            parts.append("TARGET DOWN")
+        parts += [f"errors {err:.2%}", f"{self.rates[0]:.1f} req/s {self.rates[1]:.0f} tok/s",
+                  f"p95 e2e {fmt_ms(s.e2e_seconds.p95 if s else None)} ttft {fmt_ms(s.ttft_seconds.p95 if s else None)}",
+                  f"in flight {rec.in_flight}"]
+        return parts

@@ -235,3 +235,94 @@ async def test_a_target_that_fails_fast_gets_less_than_the_configured_load(tmp_p
     assert reason in messages, messages  # the failing finding names what failed
     if answer == "model_404":
         assert "no longer serves the model" in messages, messages
+
+
+# ---- a terminal that looks right ---------------------------------------------------------------------
+
+
+def _screen(raw: bytes, columns: int) -> list[str]:
+    """The physical lines a terminal of ``columns`` shows for ``raw``: carriage return, erase to the
+    end of the line, newline, and the wrap at the last column (colours dropped)."""
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*m", "", raw.decode("utf-8", "replace"))
+    lines, cur, col, i = [], [], 0, 0
+    while i < len(text):
+        if text.startswith("\x1b[K", i):
+            del cur[col:]
+            i += 3
+            continue
+        ch = text[i]
+        if ch == "\r":
+            col = 0
+        elif ch == "\n":
+            lines.append("".join(cur))
+            cur, col = [], 0
+        else:
+            if col == columns:  # the terminal wraps: what follows starts the next line
+                lines.append("".join(cur))
+                cur, col = [], 0
+            if col < len(cur):
+                cur[col] = ch
+            else:
+                cur.append(ch)
+            col += 1
+        i += 1
+    if cur:
+        lines.append("".join(cur))
+    return lines
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+async def test_the_progress_line_fits_the_terminal_and_log_lines_start_on_their_own(tmp_path: Path,
+                                                                                    columns: int) -> None:
+    """soakd run on a terminal (a pty of 80 or 120 columns, stdout and stderr both): the progress
+    line is never wider than the terminal, shows the percentage and the ETA, and every log line
+    starts on its own line (before: 128 characters, wrapping, log lines glued to its end)."""
+    import pty
+    import struct
+    import threading
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    chunks: list[bytes] = []
+
+    def pump() -> None:
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    async with sim_server(**QUICK_SIM) as sim:
+        args = _run_args(sim.base_url, tmp_path, free_port(), "5s")
+        args = [a for a in args if a not in ("--no-progress",)]
+        args[args.index("json")] = "console"
+        proc = await asyncio.create_subprocess_exec(sys.executable, *args, stdin=slave, stdout=slave, stderr=slave,
+                                                    env=soakd_env(), cwd=str(REPO))
+        rc = await asyncio.wait_for(proc.wait(), 90)
+    await asyncio.sleep(0.3)
+    os.close(slave)
+    reader.join(5)
+    os.close(master)
+    raw = b"".join(chunks)
+    import re
+
+    text = raw.decode("utf-8", "replace")
+    assert rc in (0, 3), text[-3000:]
+    draws = [d for d in re.findall(r"\r([^\r\n\x1b]*)\x1b\[K", re.sub(r"\x1b\[[0-9;]*m", "", text)) if " ETA " in d]
+    assert draws, text[-3000:]
+    assert max(map(len, draws)) <= columns - 1, max(draws, key=len)
+    assert all(re.match(r"\d\d:\d\d:\d\d/\d\d:\d\d:\d\d +\d+% ETA ", d) for d in draws), draws[:3]
+    lines = _screen(raw, columns)
+    stamp = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
+    logs = [ln for ln in lines if stamp.search(ln)]
+    assert any("window_closed" in ln for ln in logs), lines[:20]
+    # every log line starts its own line: never after a progress line's text (no half lines left behind)
+    assert all(stamp.match(ln) for ln in logs), [ln for ln in logs if not stamp.match(ln)][:3]
+    assert all(re.match(r"\d\d:\d\d:\d\d/", ln) for ln in lines if " ETA " in ln), [ln for ln in lines if " ETA " in ln][:3]

@@ -140,3 +140,14 @@ def test_configure_routes_structlog_and_stdlib_through_the_writer(monkeypatch: p
     monkeypatch.setattr("sys.stdout", io.StringIO())
     logging_setup.configure("json", "info")
     assert logging_setup.writer() is not w and logging_setup.dropped() == before
+
+
+def test_the_status_line_keeps_the_parts_that_fit_in_order() -> None:
+    from soakd.terminal import StatusLine
+
+    parts = ["00:01:00/12:00:00   0% ETA 11:59:00", "window 3", "TARGET DOWN", "errors 1.20%", "12.0 req/s 900 tok/s"]
+    assert StatusLine.fit(parts, 200) == " | ".join(parts)
+    line = StatusLine.fit(parts, 62)
+    assert line == "00:01:00/12:00:00   0% ETA 11:59:00 | window 3 | TARGET DOWN" and len(line) <= 61
+    assert StatusLine.fit(parts, 20) == parts[0][:19]  # the first part always, cut
+    assert not StatusLine(io.StringIO()).active  # no terminal: nothing is drawn
