@@ -25,6 +25,7 @@ from soakd.config import ConfigError, SoakConfig, deep_merge, flags, load_config
 from soakd.core.durations import parse_duration
 
 EXIT_OK, EXIT_FAIL, EXIT_CONFIG = 0, 1, 2  # and 3, inconclusive: soakd.core.verdict.EXIT_CODES
+EXIT_NO_KNEE = 3  # soakd sweep: no knee within the levels (throughput still rising at the last one)
 
 
 # ---- shared helpers ----------------------------------------------------------------------------
@@ -245,7 +246,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         sys.stderr.write(f"soakd sweep: {cfg.target.display_url} never answered GET /models; no sweep was recorded\n")
         return EXIT_FAIL
     _write_sweep(outcome.document, args)
-    return EXIT_OK if outcome.document.get("knee") is not None else EXIT_FAIL
+    if outcome.document.get("knee") is not None:
+        return EXIT_OK
+    # no knee within the levels (throughput still rising at the last one): inconclusive, not a failure
+    return EXIT_NO_KNEE if outcome.document.get("stop_reason") == "end" else EXIT_FAIL
 
 
 # ---- compare -----------------------------------------------------------------------------------

@@ -246,7 +246,8 @@ class LoadConfig(_Model):
     )
     from_sweep: Path | None = Field(
         None, description="Take the load from a sweep (soakd sweep --json FILE): sweep_fraction of the knee's "
-        "concurrency (closed loop) or rate (open loop). Replaces concurrency and rate.",
+        "concurrency (closed loop) or rate (open loop). Replaces concurrency and rate. A sweep that found no knee "
+        "is refused, unless sweep_fraction is given explicitly: then that share of its last level.",
     )
     sweep_fraction: float = Field(0.8, gt=0, le=1, description="With from_sweep: the share of the knee to soak at.")
 
@@ -263,16 +264,25 @@ class LoadConfig(_Model):
             raise ValueError(f"from_sweep: cannot read a sweep from {path}: {exc}") from None
         knee = doc.get("knee") if isinstance(doc, dict) else None
         mode = doc.get("mode") if isinstance(doc, dict) else None
-        if not isinstance(knee, dict) or not isinstance(knee.get("level"), int | float) or mode not in (
-                "concurrency", "rate"):
-            raise ValueError(f"from_sweep: {path} holds no knee (expected the JSON of soakd sweep --json, with "
-                             "'mode' and 'knee': {{'level': ...}})")
+        if mode not in ("concurrency", "rate"):
+            raise ValueError(f"from_sweep: {path} is not the JSON of soakd sweep --json (expected 'mode' and "
+                             "'knee': {'level': ...})")
+        if isinstance(knee, dict) and isinstance(knee.get("level"), int | float):
+            level = float(knee["level"])
+        else:
+            steps = [s for s in doc.get("steps") or [] if isinstance(s, dict) and isinstance(s.get("level"), int | float)]
+            if "sweep_fraction" not in data or not steps:
+                raise ValueError(
+                    f"from_sweep: {path} found no knee ({doc.get('message') or doc.get('stop_reason') or 'no steps'}); "
+                    "sweep further, or soak at a share of its last level by giving load.sweep_fraction "
+                    "(--load-fraction) explicitly")
+            level = float(steps[-1]["level"])  # told: a share of the last level
         fraction = float(data.get("sweep_fraction", 0.8))
         out = dict(data)
         if mode == "concurrency":
-            out["concurrency"], out["rate"] = max(1, math.floor(knee["level"] * fraction)), None
+            out["concurrency"], out["rate"] = max(1, math.floor(level * fraction)), None
         else:
-            out["rate"], out["concurrency"] = round(knee["level"] * fraction, 6), None
+            out["rate"], out["concurrency"] = round(level * fraction, 6), None
         return out
 
     @model_validator(mode="after")

@@ -40,7 +40,7 @@ STOP_REASONS = {
     "errors": "error rate above the budget",
     "slo": "an SLO broken",
     "queue": "a queue growing within the step (open loop)",
-    "end": "the last level: throughput still rising",
+    "end": "no knee within the levels: throughput still rising at the last one",
     "stopped": "stopped before the knee was found",
 }
 
@@ -157,8 +157,16 @@ def _rises(cur: Step, best: Step, cfg: SweepConfig) -> tuple[bool, float, tuple[
     return (math.expm1(d) > cfg.min_gain and lo > 0), math.expm1(d), (lo, hi)
 
 
+def _more_levels(cfg: SweepConfig) -> str:
+    """What to do when the levels ended before the knee."""
+    if cfg.levels is not None:
+        return "add higher levels to --levels (sweep.levels) to find the knee"
+    return f"raise sweep.stop (now {cfg.stop:g}) to find the knee"
+
+
 def decide(steps: list[Step], cfg: SweepConfig, error_budget: float, *, last: bool) -> Decision:
-    """After the newest step: go on, or stop with the reason and the knee. Sets the steps' status."""
+    """After the newest step: go on, or stop with the reason and the knee (None: no knee within the
+    levels, throughput still rising at the last one). Sets the steps' status."""
     cur = steps[-1]
     before = steps[:-1]
     prev = before[-1].index if before else None
@@ -181,7 +189,7 @@ def decide(steps: list[Step], cfg: SweepConfig, error_budget: float, *, last: bo
         cur.status = "first"
         if last:
             cur.status = "end"
-            return Decision(True, "end", cur.index, "one level only: no knee can be told")
+            return Decision(True, "end", None, f"one level only: no knee can be told; {_more_levels(cfg)}")
         return Decision(False)
     best = max(before, key=lambda s: s.requests_per_second)
     rising, gain, (lo, hi) = _rises(cur, best, cfg)
@@ -190,8 +198,8 @@ def decide(steps: list[Step], cfg: SweepConfig, error_budget: float, *, last: bo
         cur.status = "rising"
         if last:
             cur.status = "end"
-            return Decision(True, "end", cur.index, f"throughput still rising at the last level {cur.level:g} "
-                            f"({cur.note}); raise sweep.stop to find the knee")
+            return Decision(True, "end", None, f"no knee within the levels: throughput still rising at the last "
+                            f"level {cur.level:g} ({cur.note}); {_more_levels(cfg)}")
         return Decision(False)
     cur.status = "past_knee"
     best.status = "knee"

@@ -4,6 +4,7 @@ HTML with charts: throughput and latency against the load level, like the run re
 from __future__ import annotations
 
 import html
+import math
 from typing import Any
 
 from soakd.report.svg import PALETTE, Series, line_chart
@@ -41,7 +42,9 @@ def rows(doc: dict[str, Any], *, intervals: bool = True) -> list[list[str]]:
 def headline(doc: dict[str, Any]) -> str:
     knee = doc.get("knee")
     unit = "concurrency" if doc["mode"] == "concurrency" else "req/s"
-    if knee is None:
+    if knee is None and doc.get("stop_reason") == "end":
+        head = "no knee within the levels"
+    elif knee is None:
         head = "no knee found"
     else:
         head = (f"knee at {unit} {knee['level']:g}: {knee['requests_per_second']:.2f} req/s, "
@@ -80,18 +83,34 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(L)
 
 
+def geometric(levels: list[float]) -> bool:
+    """Levels that grow by a factor (1, 2, 4, 8...: the sweep's default) rather than by a step: drawn
+    on a logarithmic axis, where each step is as wide as the next."""
+    if len(levels) < 3 or min(levels) <= 0:
+        return False
+    ratios = [b / a for a, b in zip(levels, levels[1:])]
+    mean = sum(ratios) / len(ratios)
+    return mean > 1.2 and all(abs(r / mean - 1) < 0.15 for r in ratios)
+
+
 def charts(doc: dict[str, Any]) -> list[str]:
-    xs = [s["level"] for s in doc["steps"]]
+    levels = [float(s["level"]) for s in doc["steps"]]
     x_label = "concurrency" if doc["mode"] == "concurrency" else "offered req/s"
+    axis: dict[str, Any] = {}
+    xs: list[float] = levels
+    if geometric(levels):  # log2 of the level, labelled with the level itself
+        xs = [math.log2(v) for v in levels]
+        axis = {"x_integer": True, "x_format": lambda v: f"{2 ** v:g}"}
+        x_label += " (log scale)"
     tput = line_chart([Series("requests/s", xs, [s["requests_per_second"] for s in doc["steps"]], PALETTE[0])],
                       title="Throughput by load level", y_label="requests/s", x_label=x_label, y_zero=True,
-                      chart_id="sweep-throughput")
+                      chart_id="sweep-throughput", **axis)
     lat = line_chart([Series(label, xs, [s["latency"][key]["value"] * 1000 if s["latency"][key]["value"] is not None
                                          else None for s in doc["steps"]], PALETTE[i + 1])
                       for i, (key, label) in enumerate((("e2e_p50", "e2e p50"), ("e2e_p95", "e2e p95"),
                                                         ("ttft_p95", "TTFT p95")))],
                      title="Latency by load level", y_label="ms", x_label=x_label, y_zero=True,
-                     chart_id="sweep-latency")
+                     chart_id="sweep-latency", **axis)
     return [tput, lat]
 
 

@@ -122,8 +122,17 @@ def test_bad_sweep_files_for_load_from(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read a sweep"):
         load_config(None, {"load": {"from_sweep": str(bad)}}, environ={})
     bad.write_text(json.dumps({"mode": "concurrency", "knee": None}))
-    with pytest.raises(ConfigError, match="holds no knee"):
+    with pytest.raises(ConfigError, match="found no knee"):
         load_config(None, {"load": {"from_sweep": str(bad)}}, environ={})
+    # no knee within the levels: refused unless a share of the last level is asked for explicitly
+    rising = tmp_path / "rising.json"
+    rising.write_text(json.dumps({"mode": "concurrency", "knee": None, "stop_reason": "end",
+                                  "message": "no knee within the levels: throughput still rising at the last level 8",
+                                  "steps": [{"level": 1}, {"level": 2}, {"level": 4}, {"level": 8}]}))
+    with pytest.raises(ConfigError, match="found no knee \\(no knee within the levels.*--load-fraction"):
+        load_config(None, {"load": {"from_sweep": str(rising)}}, environ={})
+    cfg = load_config(None, {"load": {"from_sweep": str(rising), "sweep_fraction": 0.5}}, environ={})
+    assert cfg.load.concurrency == 4
     bad.write_text(json.dumps({"mode": "rate", "knee": {"level": 20.0}}))
     cfg = load_config(None, {"load": {"from_sweep": str(bad), "sweep_fraction": 0.5}}, environ={})
     assert cfg.load.rate == 10.0 and cfg.load.concurrency is None
@@ -140,6 +149,34 @@ def _window(rate: float, seconds: float = 60.0, *, noise: list[float] | None = N
     return WindowSummary(window=0, duration_seconds=seconds, requests=total, outcomes={"ok": ok},
                          error_rate=1 - ok / total, requests_per_second=ok / seconds, e2e_seconds=q,
                          subwindows=SubWindows(seconds=sub, requests=counts, ok=counts, e2e=e2e or [0.1] * k))
+
+
+async def test_no_knee_within_explicit_levels_says_so_and_exits_3(tmp_path: Path) -> None:
+    """--levels 1,2: the simulator (4 slots) still doubles its throughput at 2: "no knee within the
+    levels", exit 3, the hint for explicit levels; the HTML draws geometric levels on a log axis."""
+    async with sim_server(**SLOW_SIM) as sim:
+        args = sweep_args(sim.base_url, tmp_path / "state", "--json", str(tmp_path / "s.json"),
+                          "--html", str(tmp_path / "s.html"), "--metrics-port", "0")
+        args[args.index("1,2,4,8,16")] = "1,2"
+        rc, out, err = await run_soakd(*args, timeout=120)
+    assert rc == 3, out[-2000:] + err
+    assert "no knee within the levels" in out and "add higher levels to --levels" in out, out[-1500:]
+    assert "knee at" not in out
+    doc = json.loads((tmp_path / "s.json").read_text())
+    assert doc["knee"] is None and doc["stop_reason"] == "end"
+
+
+def test_geometric_levels_are_charted_on_a_log_axis() -> None:
+    from soakd.sweep.render import charts, geometric
+
+    assert geometric([1, 2, 4, 8, 16]) and geometric([10, 30, 90]) and not geometric([10, 20, 30, 40])
+    steps = [{"level": lv, "requests_per_second": lv, "latency": {k: {"value": 0.1} for k in
+                                                                   ("e2e_p50", "e2e_p95", "ttft_p95")}}
+             for lv in (1, 2, 4, 8, 16, 32)]
+    svg = charts({"mode": "concurrency", "steps": steps})[0]
+    assert "log scale" in svg and ">32<" in svg and ">16<" in svg
+    linear = charts({"mode": "concurrency", "steps": [dict(s, level=10 * (i + 1)) for i, s in enumerate(steps)]})[0]
+    assert "log scale" not in linear
 
 
 def test_every_sweep_metric_is_exported_once_a_knee_is_found() -> None:
@@ -209,4 +246,9 @@ def test_the_knee_rule() -> None:
           step_of(1, 2, _window(20, noise=jitter), {}, open_loop=False)]
     decide(s5[:1], cfg, 0.01, last=False)
     d = decide(s5, cfg, 0.01, last=True)
-    assert d.reason == "end" and d.knee == 1 and "raise sweep.stop" in d.message
+    assert d.reason == "end" and d.knee is None and "no knee within the levels" in d.message
+    assert "raise sweep.stop (now 256)" in d.message
+    decide(s5[:1], SweepConfig(levels=[1, 2]), 0.01, last=False)
+    d = decide(s5, SweepConfig(levels=[1, 2]), 0.01, last=True)  # explicit levels: sweep.stop is no help
+    assert d.knee is None and "add higher levels to --levels" in d.message and "sweep.stop" not in d.message.replace(
+        "(sweep.levels)", "")
