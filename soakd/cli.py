@@ -139,6 +139,15 @@ async def _soak(cfg: SoakConfig, progress: bool | None = None, nvml_module: Any 
     except (StartupError, TargetUnavailable) as exc:
         _stderr_line(f"soakd: {exc}")
         return EXIT_FAIL, None
+    if outcome.unsaved:  # the record is not saved: that is the news, whatever the verdict
+        from soakd.core.verdict import EXIT_UNSAVED
+
+        kept, dropped, where = outcome.unsaved
+        _stderr_line(f"soakd: run {outcome.run_id} ended, but {kept + dropped} of its writes could not be saved to "
+                     f"{cfg.run.state_dir / 'soakd.db'} (disk full?)"
+                     + (f"; {kept} are kept in {where} and the next start on this state dir reads them back"
+                        if kept else "") + f"; no report was written (exit {EXIT_UNSAVED})")
+        return EXIT_UNSAVED, outcome
     if outcome.verdict is None:  # the target never answered, or the run was stopped before it had one
         return (EXIT_OK if outcome.graceful_stop else EXIT_FAIL), outcome
     return outcome.verdict.exit_code, outcome  # soakd.core.verdict.EXIT_CODES

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import math
 import sys
+from pathlib import Path
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -34,7 +35,7 @@ from soakd.client.openai import OpenAIClient
 from soakd.config import SoakConfig
 from soakd.core.findings import finding_log
 from soakd.core.records import OUTCOMES
-from soakd.core.verdict import RunVerdict
+from soakd.core.verdict import EXIT_UNSAVED, RunVerdict
 from soakd.core.timeline import SYSTEM_CLOCK, Clock, Timeline
 from soakd.metrics import SoakMetrics
 from soakd.report import write_final_reports
@@ -81,6 +82,7 @@ class RunOutcome:
     resumed: bool = False
     prompt_length_accuracy: dict[str, float] | None = None
     outcomes: dict[str, int] = field(default_factory=dict)  # of the measured requests
+    unsaved: tuple[int, int, str] | None = None  # writes the store could not save at the end: (kept, dropped, where)
 
     @property
     def graceful_stop(self) -> bool:
@@ -375,23 +377,37 @@ class Runtime:
         if reason in GRACEFUL_STOPS:  # the run stays resumable: the verdict so far
             verdict = verdict.model_copy(update={"interim": True})
         await self.events.flush()  # the end-of-run findings
+        paths: dict[str, Any] | None = None
+        unsaved = None
         if self.session.store is not None:
             await self.session.add_samples(self.telemetry.take_pending())
             await self.session.finish(reason, verdict)
-            # report.json/md/html into the run dir; a failure is logged, never fatal
-            await write_final_reports(self.config.run.state_dir, self.run_id, self.config.run.junit)
+            # what a full disk kept queued: retried for the grace period, then kept beside the database
+            kept, dropped, where = await self.session.store.settle(self.config.run.grace)
+            if kept or dropped:
+                unsaved = (kept, dropped, where)
+                log.error("run_not_saved", run_id=self.run_id, unsaved_writes=kept + dropped, kept=kept,
+                          kept_in=where or None, dropped_samples=dropped, path=self.session.path,
+                          action="no report: the store lacks this run's last writes; the next start on this state "
+                                 "dir reads them back" + ("" if where != "stderr" else " once they are put in "
+                                                          "soakd.db.unsaved.jsonl"))
+            else:  # report.json/md/html into the run dir; a failure is logged, never fatal
+                paths = await write_final_reports(self.config.run.state_dir, self.run_id, self.config.run.junit)
         out = self._outcome(reason, verdict)
+        out.unsaved = unsaved
         elapsed = self.load.timeline.elapsed(self.clock.monotonic()) if self.load is not None else 0.0
-        report = self.config.run.state_dir / self.run_id / "report.json"
+        report = (paths or {}).get("json")
         log.info("soakd_finished", run_id=self.run_id, stop_reason=reason, elapsed=round(elapsed, 3),
                  requests_sent=out.requests_sent,
                  requests_measured=out.requests_measured, warmup_requests=out.warmup_requests,
                  outcomes={k: v for k, v in out.outcomes.items() if v}, windows=out.windows,
-                 verdict=verdict.result, exit_code=verdict.exit_code, interim=verdict.interim,
+                 verdict=verdict.result, exit_code=EXIT_UNSAVED if unsaved else verdict.exit_code,
+                 interim=verdict.interim,
                  reasons=verdict.reasons, causes=verdict.cause_lines(),
                  failing=[finding_log(f) for f in verdict.failing][:20],
                  prompt_length_accuracy=out.prompt_length_accuracy,
-                 report=str(report) if report.is_file() else None)
+                 report=str(report) if report is not None and Path(report).is_file() else None,
+                 **({"unsaved_writes": unsaved[0] + unsaved[1]} if unsaved else {}))
         return out
 
     def _outcome(self, reason: str, verdict: RunVerdict | None = None) -> RunOutcome:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, model_seriali
 
 from soakd.core.findings import Finding, failing_reason
 
-__all__ = ["EXIT_CODES", "VERDICT_SCHEMA_VERSION", "AbComparison", "Judged", "LeakJudgement", "NotJudged", "Result",
+__all__ = ["EXIT_CODES", "EXIT_UNSAVED", "VERDICT_SCHEMA_VERSION", "AbComparison", "Judged", "LeakJudgement", "NotJudged", "Result",
            "RunVerdict", "Stability", "TargetVerdict"]
 
 VERDICT_SCHEMA_VERSION = 2
@@ -26,6 +26,9 @@ Cause = Literal["client_impaired", "too_few_requests", "target_down", "partial",
 # soakd run / demo: 0 PASS (or a graceful stop: the run is resumable, its verdict interim), 1 FAIL (or no
 # verdict: nothing measured, the run incomplete), 3 INCONCLUSIVE. 2 is a usage or configuration error.
 EXIT_CODES: dict[str, int] = {"PASS": 0, "FAIL": 1, "INCONCLUSIVE": 3, "INCOMPLETE": 1}
+# the run ended but its record could not be saved (a full disk): its last writes are in soakd.db.unsaved.jsonl
+# (or on stderr), read back by the next start; whatever the verdict, it is not on record
+EXIT_UNSAVED = 4
 
 CAUSE_TEXT: dict[str, str] = {
     "client_impaired": "client-impaired (soakd itself stalled)",

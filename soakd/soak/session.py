@@ -57,6 +57,11 @@ class RunSession:
             self.store = await RunStore.open(cfg.run.state_dir, on_state_change=self._store_state)
         except StoreError as exc:
             raise ConfigError([f"run.state_dir: {exc}"]) from None
+        applied, left = self.store.read_back
+        if applied or left:
+            log.warning("store_read_back", path=str(self.store.path), applied=applied, left=left,
+                        what="writes an earlier soakd could not save at its end (soakd.db.unsaved.jsonl)",
+                        hint="soakd report renders the run they finished")
         prior = await self.store.latest_unfinished_run()
         if prior is not None and self.new_run:
             await self.store.finish_run(prior.id, "superseded by --new-run", status="failed")

@@ -13,7 +13,8 @@ from typing import Any
 from soakd import __version__
 from soakd.core.summary import WindowSummary
 from soakd.store.rows import EventRow, RunRow, SampleRow, SegmentRow, hash_config, to_json
-from soakd.store.schema import PENDING_LIMIT, RUN_STATUSES, SAMPLE_PERIOD, SCHEMA_VERSION, SEVERITIES, StoreError
+from soakd.store.schema import (PENDING_LIMIT, RUN_STATUSES, SAMPLE_PERIOD, SCHEMA_VERSION, SEVERITIES, StoreError,
+                                 StoreUnavailable)
 from soakd.store.writer import Writer
 
 # --------------------------------------------------------------------------------------------
@@ -259,6 +260,28 @@ class RunStore:
     async def retry_pending(self) -> bool:
         """Replay queued writes in order; True when none is left (StoreUnavailable otherwise)."""
         return await self._call(self._w.retry_pending)
+
+    async def settle(self, grace: float) -> tuple[int, int, str]:
+        """The end of a run: replay the queued writes, retrying once a second for ``grace`` seconds (a
+        disk that fills at the end may free); what is still queued then goes to the unsaved file
+        beside the database, or to stderr (``Writer.spill``). (kept, dropped, where); (0, 0, '')
+        when everything was saved."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, grace)
+        while True:
+            try:
+                await self.flush()
+                return 0, 0, ""
+            except StoreUnavailable:
+                if loop.time() >= deadline:
+                    break
+                await asyncio.sleep(min(1.0, max(0.05, deadline - loop.time())))
+        return await self._call(self._w.spill)
+
+    @property
+    def read_back(self) -> tuple[int, int]:
+        """(applied, left) of the writes an earlier soakd could not save, read back at open."""
+        return self._w.read_back_result
 
     async def integrity_check(self) -> str:
         """``PRAGMA integrity_check``: 'ok' for a healthy database."""

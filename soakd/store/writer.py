@@ -8,8 +8,10 @@ into each other's internals."""
 from __future__ import annotations
 
 import errno
+import json
 import math
 import os
+import sys
 import sqlite3
 import threading
 import time
@@ -60,6 +62,11 @@ class _Op:
     t_unix: float
     fn: Callable[[sqlite3.Connection], Any]
     durable: bool = True
+    call: tuple[str, tuple[Any, ...]] | None = None  # (Writer method, its JSON arguments): kept in UNSAVED_NAME
+
+
+UNSAVED_NAME = DB_NAME + ".unsaved.jsonl"  # writes soakd could not save at its end, read back at the next open
+REPLAYABLE = ("save_window", "end_segment", "finish_run", "set_baseline", "set_verdict", "add_event")
 
 
 class _Agg:
@@ -114,6 +121,7 @@ class Writer:
         self.label_keys: dict[tuple[Any, ...], str] = {}
         self.thread_id = 0
         self._sync = ""
+        self.read_back_result = (0, 0)  # (applied, left) of UNSAVED_NAME at open
 
     # ---- open / close
     def open(self) -> None:
@@ -122,6 +130,7 @@ class Writer:
         self._lock()
         try:
             self._connect()
+            self.read_back_result = self.read_back()
         except BaseException:
             self._close_quietly()
             raise
@@ -209,13 +218,14 @@ class Writer:
                 self.flush()
             except StoreUnavailable as exc:
                 error = exc
+        kept, dropped, where = self.spill() if self.pending else (0, 0, "")
         self._close_quietly()
-        if error is not None or self.pending:
-            lost = len(self.pending)
+        if error is not None or kept or dropped:
             raise StoreUnavailable(
-                f"closed {self.db} with {lost} writes not saved ({self.last_error})",
-                reason=self.last_error or "", pending=lost, dropped=sum(self.dropped.values()), first=False,
-                queued=False,
+                f"closed {self.db} with {kept + dropped} writes not saved ({self.last_error})"
+                + (f"; {kept} kept in {where}, read back at the next start" if kept else ""),
+                reason=self.last_error or "", pending=kept + dropped, dropped=sum(self.dropped.values()) + dropped,
+                first=False, queued=False,
             )
 
     def _close_quietly(self) -> None:
@@ -334,6 +344,71 @@ class Writer:
             queued=queued,
         )
 
+    # ---- writes that could not be saved at the end: kept beside the database, read back at the next open
+    def spill(self) -> tuple[int, int, str]:
+        """The queued writes that can be replayed (windows, events, the verdict, the end of the run),
+        appended to ``UNSAVED_NAME`` beside the database, or, where that cannot be written either (the
+        same full disk), to stderr as JSON lines. (kept, dropped, where); the queue is emptied."""
+        lines = [json.dumps({"call": op.call[0], "args": list(op.call[1])}) for op in self.pending if op.call]
+        dropped = len(self.pending) - len(lines)  # telemetry samples: not kept
+        self.pending.clear()
+        self.pending_samples = 0
+        if not lines:
+            return 0, dropped, ""
+        path = self.state_dir / UNSAVED_NAME
+        text = "".join(line + "\n" for line in lines)
+        try:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            return len(lines), dropped, str(path)
+        except OSError:
+            try:
+                sys.stderr.write(f"soakd: {len(lines)} writes of {self.db} could not be saved; they follow as JSON "
+                                 f"lines (put them in {path} and the next start reads them back):\n{text}")
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                return 0, dropped + len(lines), ""
+            return len(lines), dropped, "stderr"
+
+    def read_back(self) -> tuple[int, int]:
+        """Apply the writes of ``UNSAVED_NAME`` (an earlier soakd could not save them), in order, and
+        remove the file; on a transient error keep the rest for the next open. (applied, left)."""
+        path = self.state_dir / UNSAVED_NAME
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return 0, 0
+        except OSError as exc:
+            raise dir_error(self.state_dir, exc) from None
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        applied = 0
+        for i, line in enumerate(lines):
+            try:
+                doc = json.loads(line)
+                name, args = doc["call"], doc["args"]
+                if name not in REPLAYABLE:
+                    raise ValueError(f"not a replayable write: {name!r}")
+            except (ValueError, KeyError, TypeError) as exc:
+                self.last_error = f"{path} line {i + 1} skipped: {exc}"
+                continue
+            try:
+                getattr(self, name)(*args)
+            except StoreUnavailable:  # the disk is still full: the queued write is the file's again
+                self.pending.clear()
+                self.pending_samples = 0
+                tmp = path.with_name(path.name + ".tmp")
+                tmp.write_text("".join(x + "\n" for x in lines[i:]), encoding="utf-8")
+                os.replace(tmp, path)
+                return applied, len(lines) - i
+            except StoreError as exc:  # permanent (its run is gone): skipped
+                self.last_error = f"{path} line {i + 1} skipped: {exc}"
+                continue
+            applied += 1
+        path.unlink()
+        return applied, 0
+
     def retry_pending(self) -> bool:
         if not self.pending:
             return True
@@ -383,7 +458,7 @@ class Writer:
                 "last_seen_unix = MAX(COALESCE(last_seen_unix, 0), ?) "
                 "WHERE run_id = ? AND seq = ? AND ended_unix IS NULL", (t, reason, t, run_id, seq))
 
-        self.write(_Op("segment", "", t, fn))
+        self.write(_Op("segment", "", t, fn, call=("end_segment", (run_id, seq, reason, t))))
 
     def heartbeat(self, run_id: str, t: float) -> None:
         self.write(_Op("heartbeat", run_id, t, lambda conn: None, durable=False), queue=False)
@@ -405,7 +480,7 @@ class Writer:
                 "last_seen_unix = MAX(COALESCE(last_seen_unix, 0), ?) "
                 "WHERE run_id = ? AND ended_unix IS NULL", (t, stop_reason, t, run_id))
 
-        self.write(_Op("finish", "", t, fn))
+        self.write(_Op("finish", "", t, fn, call=("finish_run", (run_id, stop_reason, status, t))))
 
     # ---- windows, baseline, verdict, events
     def save_window(self, run_id: str, idx: int, segment: int, summary_json: str, partial: bool,
@@ -421,21 +496,24 @@ class Writer:
                 (run_id, target, idx, segment, start, end, int(partial), summary_json, t))
             return cur.rowcount > 0
 
-        return bool(self.write(_Op("window", run_id, t, fn)))
+        return bool(self.write(_Op("window", run_id, t, fn, call=(
+            "save_window", (run_id, idx, segment, summary_json, partial, start, end, t, target)))))
 
-    def _update_run(self, kind: str, run_id: str, t: float, sql: str, args: tuple[Any, ...]) -> None:
+    def _update_run(self, kind: str, run_id: str, t: float, sql: str, args: tuple[Any, ...],
+                    call: tuple[str, tuple[Any, ...]]) -> None:
         def fn(conn: sqlite3.Connection) -> None:
             if conn.execute(sql, (*args, run_id)).rowcount == 0:
                 raise StoreError(f"no run {run_id} in {self.db}")
 
-        self.write(_Op(kind, run_id, t, fn))
+        self.write(_Op(kind, run_id, t, fn, call=call))
 
     def set_baseline(self, run_id: str, idx: int, summary_json: str, t: float) -> None:
         self._update_run("baseline", run_id, t, "UPDATE runs SET baseline_window = ?, baseline_json = ? WHERE id = ?",
-                         (idx, summary_json))
+                         (idx, summary_json), ("set_baseline", (run_id, idx, summary_json, t)))
 
     def set_verdict(self, run_id: str, verdict_json: str, t: float) -> None:
-        self._update_run("verdict", run_id, t, "UPDATE runs SET verdict_json = ? WHERE id = ?", (verdict_json,))
+        self._update_run("verdict", run_id, t, "UPDATE runs SET verdict_json = ? WHERE id = ?", (verdict_json,),
+                         ("set_verdict", (run_id, verdict_json, t)))
 
     def add_event(self, run_id: str, t: float, kind: str, severity: str, window: int | None, message: str,
                   data_json: str | None) -> int:
@@ -445,7 +523,8 @@ class Writer:
                 "VALUES (?, ?, ?, ?, ?, ?, ?)", (run_id, t, kind, severity, window, message, data_json))
             return int(cur.lastrowid or 0)
 
-        return int(self.write(_Op("event", run_id, t, fn)))
+        return int(self.write(_Op("event", run_id, t, fn, call=(
+            "add_event", (run_id, t, kind, severity, window, message, data_json)))))
 
     # ---- samples
     def _lkey(self, labels: Any) -> str:

@@ -4,7 +4,9 @@ gap recorded as a segment boundary; SIGTERM closes a partial window and leaves t
 
 from __future__ import annotations
 
+import json
 import signal
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -215,3 +217,64 @@ async def test_a_state_dir_of_the_earlier_release_resumes(tmp_path: Path) -> Non
     with StoreReader(state) as reader:
         events = reader.load_events(stopped.id, kinds=["canary_reference"])
     assert len(events) == 1, "the canary kept the earlier release's reference"
+
+
+async def test_a_run_ending_on_a_full_disk_keeps_what_it_announced_and_the_next_start_reads_it_back(
+        tmp_path: Path) -> None:
+    """The disk fills two windows before the end and stays full: the run retries for its grace
+    period, then keeps the writes it could not save (windows, events, the verdict, the end of the
+    run) in soakd.db.unsaved.jsonl, names no report, and exits 4 (before: 11 writes dropped at
+    close, exit 3, soakd_finished naming a report never written, the lost windows gone for good).
+    The next start on the state dir reads them back: every window announced is stored, the run
+    finished with its verdict, and a new run begins."""
+    import asyncio
+
+    from helpers import fill_up, wait_until
+    from structlog.testing import capture_logs
+
+    from soakd.config import load_config
+    from soakd.core.verdict import EXIT_UNSAVED
+    from soakd.runtime import Runtime
+
+    def config(duration: float) -> Any:
+        return load_config(None, {
+            "target": {"url": sim.base_url},
+            "run": {"duration": duration, "window": 1.0, "warmup": 0, "grace": 1.0, "state_dir": str(tmp_path)},
+            "load": {"concurrency": 4, "mix": {"short_chat": 1}},
+            "scenarios": {"short_chat": {"max_tokens": 8, "prompt_tokens": 32}},
+            "samplers": {"nvml": {"mode": "off"}, "interval": 0.5},
+            "metrics": {"host": "127.0.0.1", "port": 0},
+            "log": {"progress": False},
+        }, environ={})  # fmt: skip
+
+    async with sim_server(**QUICK_SIM) as sim:
+        runtime = Runtime(config(5.0), progress=False)
+        history = runtime.analyzer.history
+        with capture_logs() as logs:
+            task = asyncio.create_task(runtime.run())
+            await wait_until(lambda: len(history.full()) >= 2, timeout=20, what="two windows")
+            await fill_up(runtime.session.store)
+            final = await asyncio.wait_for(task, 40)
+        announced = [w.window for w in history.closed]
+        finished = next(e for e in logs if e["event"] == "soakd_finished")
+        assert final.unsaved is not None and final.unsaved[0] > 0, final.unsaved
+        assert finished["exit_code"] == EXIT_UNSAVED and finished["report"] is None, finished
+        assert any(e["event"] == "run_not_saved" for e in logs)
+        unsaved = tmp_path / "soakd.db.unsaved.jsonl"
+        assert unsaved.is_file()
+        calls = [json.loads(x)["call"] for x in unsaved.read_text().splitlines()]
+        assert "save_window" in calls and "set_verdict" in calls and "finish_run" in calls
+        stored = [w.window for w in StoreReader(tmp_path).load_windows(final.run_id)]
+        assert stored != announced  # the database alone lacks what the full disk held back
+        # space returns (the full disk was the first connection's page limit: the next connection has none)
+        with capture_logs() as logs2:
+            again = Runtime(config(2.0), progress=False)
+            second = await asyncio.wait_for(again.run(), 40)
+    read = [e for e in logs2 if e["event"] == "store_read_back"]
+    assert read and read[0]["applied"] == len(calls) and read[0]["left"] == 0, read
+    assert not unsaved.exists()
+    assert second.run_id != final.run_id  # the first run is finished now: a new one began
+    with StoreReader(tmp_path) as reader:
+        assert [w.window for w in reader.load_windows(final.run_id)] == announced
+        run = reader.get_run(final.run_id)
+        assert run is not None and run.status in ("finished", "failed") and run.verdict is not None
