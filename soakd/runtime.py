@@ -126,6 +126,8 @@ class Runtime:
         primary = self.targets[0]
         self.metrics, self.analyzer, self.client, self.pipeline = primary.metrics, primary.analyzer, primary.client, \
             primary.pipeline
+        # a database deleted mid-run is re-created from what the analysis holds
+        self.session.held = lambda: (list(self.analyzer.history.closed), self.analyzer.baseline)
         self.api_key = config.api_key(primary.cfg)
         for t in self.targets:
             self.metrics.target_sources.append((t.name, AnalysisExporter(t.analyzer)))

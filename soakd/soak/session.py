@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from soakd.core.series import Series
 from soakd.core.summary import WindowSummary
 from soakd.core.timeline import SYSTEM_CLOCK, Clock
 from soakd.core.verdict import RunVerdict
-from soakd.store import RunStore, StoreError, StoreUnavailable, hash_config
+from soakd.store import RunStore, StoreError, StoreReplaced, StoreUnavailable, hash_config
 
 log = structlog.get_logger("soakd")
 
@@ -47,6 +47,11 @@ class RunSession:
         self.baseline: WindowSummary | None = None  # the run's own baseline, from earlier segments
         self.canary_reference: str | None = None
         self.model: str | None = None  # the model an earlier segment used
+        self.server_kind: str | None = None
+        # what is in memory to re-create the run from when its database is deleted mid-run (the runtime's:
+        # every window closed so far, the baseline)
+        self.held: Callable[[], tuple[list[WindowSummary], WindowSummary | None]] = lambda: (self.windows, self.baseline)
+        self._recreating = False
 
     # ---- open / resume
     async def open(self) -> None:
@@ -102,13 +107,14 @@ class RunSession:
     async def start(self, model: str, server_kind: str | None) -> None:
         """The run (when new) and this process's segment."""
         store = self._store()
+        self.model, self.server_kind = model, server_kind
         if not self.resumed:
             await store.create_run(self.run_id, self.config.redacted(), None, self.config.target.display_url, model,
                                    server_kind, __version__)
         self.created = True
         self.segment = await store.start_segment(self.run_id, "resume" if self.resumed else "start")
         if self.resumed:
-            await self.call("event", store.add_event(
+            await self.call("event", lambda: store.add_event(
                 self.run_id, "segment", "info",
                 f"resumed (segment {self.segment}) after a gap; window numbering continues at {self.first_window}",
                 {"segment": self.segment}, None))
@@ -116,27 +122,64 @@ class RunSession:
                      first_window=self.first_window, elapsed_before=round(self.elapsed_before, 1))
 
     # ---- writes
-    async def call(self, what: str, coro: Awaitable[Any]) -> Any:
-        """Await a store write; a full disk is logged (once, by the store's state callback), never fatal."""
+    async def call(self, what: str, write: Callable[[], Awaitable[Any]]) -> Any:
+        """Await a store write; a full disk is logged (once, by the store's state callback), never fatal;
+        a database deleted or replaced is re-created from memory, and the write made again."""
+        for attempt in range(2):
+            try:
+                return await write()
+            except StoreUnavailable:
+                return None
+            except StoreReplaced as exc:
+                if attempt or not await self._recreate(str(exc)):
+                    return None
+            except StoreError as exc:
+                log.error("store_write_failed", what=what, error=str(exc))
+                return None
+        return None
+
+    async def _recreate(self, why: str) -> bool:
+        """The database was deleted or replaced mid-run: open the path again and write the run into it
+        from memory (the run, a segment, every window closed so far, the baseline)."""
+        if self._recreating or self.store is None:
+            return False
+        self._recreating = True
+        store = self.store
         try:
-            return await coro
-        except StoreUnavailable:
-            return None
+            await store.reopen()
+            windows, baseline = self.held()
+            if await store.get_run(self.run_id) is None:
+                await store.create_run(self.run_id, self.config.redacted(), None, self.config.target.display_url,
+                                       self.model, self.server_kind, __version__)
+            self.segment = await store.start_segment(self.run_id, "recreated")
+            for w in windows:
+                await store.save_window(self.run_id, w.window, w.segment, w, w.partial)
+            if baseline is not None:
+                await store.set_baseline(self.run_id, baseline.window, baseline)
+            await store.add_event(self.run_id, "store", "error", f"{why}; re-created from memory with "
+                                  f"{len(windows)} windows (the events and samples written before are lost)",
+                                  {"windows": len(windows)}, None)
+            log.error("store_recreated", reason=why, path=str(store.path), windows=len(windows),
+                      lost="the events and telemetry samples written before")
+            return True
         except StoreError as exc:
-            log.error("store_write_failed", what=what, error=str(exc))
-            return None
+            log.error("store_recreate_failed", reason=why, error=str(exc),
+                      action="the run goes on; its record is not being written")
+            return False
+        finally:
+            self._recreating = False
 
     async def save_window(self, w: WindowSummary, target: str = "") -> None:
         """A closed window of the reference target (''), or of an A/B run's other target by name."""
-        await self.call("window", self._store().save_window(self.run_id, w.window, w.segment, w, w.partial,
+        await self.call("window", lambda: self._store().save_window(self.run_id, w.window, w.segment, w, w.partial,
                                                             target=target))
 
     async def set_baseline(self, w: WindowSummary) -> None:
-        await self.call("baseline", self._store().set_baseline(self.run_id, w.window, w))
+        await self.call("baseline", lambda: self._store().set_baseline(self.run_id, w.window, w))
 
     async def add_event(self, kind: str, severity: str, message: str, data: dict[str, Any], window: int | None,
                         t_unix: float) -> None:
-        await self.call("event", self._store().add_event(self.run_id, kind, severity, message, data, window,
+        await self.call("event", lambda: self._store().add_event(self.run_id, kind, severity, message, data, window,
                                                          t_unix=t_unix))
 
     async def add_samples(self, batch: list[tuple[float, list[Series]]]) -> None:
@@ -145,20 +188,20 @@ class RunSession:
             return
         store = self._store()
         for t_wall, series_list in batch:
-            await self.call("samples", store.add_samples(self.run_id, t_wall, series_list))
+            await self.call("samples", lambda: store.add_samples(self.run_id, t_wall, series_list))
 
     async def heartbeat(self) -> None:
         if self.store is not None:
-            await self.call("heartbeat", self.store.heartbeat(self.run_id))
+            await self.call("heartbeat", lambda: self.store.heartbeat(self.run_id))
 
     async def finish(self, reason: str, verdict: RunVerdict) -> None:
         """The verdict and the end of this segment; the end of the run unless the stop leaves it
         resumable (SIGTERM/SIGINT: a pod being rescheduled, a user's Ctrl-C)."""
         store = self._store()
-        await self.call("verdict", store.set_verdict(self.run_id, verdict.dump()))
-        await self.call("segment", store.end_segment(self.run_id, self.segment, reason))
+        await self.call("verdict", lambda: store.set_verdict(self.run_id, verdict.dump()))
+        await self.call("segment", lambda: store.end_segment(self.run_id, self.segment, reason))
         if reason not in GRACEFUL_STOPS:
-            await self.call("finish", store.finish_run(self.run_id, reason,
+            await self.call("finish", lambda: store.finish_run(self.run_id, reason,
                                                        status="failed" if verdict.result == "FAIL" else "finished"))
 
     async def close(self) -> None:

@@ -61,6 +61,7 @@ from soakd.store.schema import (
     SCHEMA_VERSION,
     SEVERITIES,
     StoreError,
+    StoreReplaced,
     StoreUnavailable,
     migrate,
 )
@@ -81,6 +82,7 @@ __all__ = [
     "SampleRow",
     "SegmentRow",
     "StoreError",
+    "StoreReplaced",
     "StoreReader",
     "StoreUnavailable",
     "hash_config",

@@ -261,6 +261,16 @@ class RunStore:
         """Replay queued writes in order; True when none is left (StoreUnavailable otherwise)."""
         return await self._call(self._w.retry_pending)
 
+    async def reopen(self) -> None:
+        """The database was deleted or replaced under this store: release it and open the path again
+        (a new, empty database where the file is gone). StoreError when it cannot (another soakd holds
+        the new file)."""
+        def again() -> None:
+            self._w._close_quietly()  # noqa: SLF001 - the writer's own thread
+            self._w.open()
+
+        await self._call(again)
+
     async def settle(self, grace: float) -> tuple[int, int, str]:
         """The end of a run: replay the queued writes, retrying once a second for ``grace`` seconds (a
         disk that fills at the end may free); what is still queued then goes to the unsaved file

@@ -35,6 +35,11 @@ class StoreError(Exception):
     """The store cannot do what was asked (and retrying will not help by itself)."""
 
 
+class StoreReplaced(StoreError):
+    """The database file this soakd writes was deleted or replaced under it (a cleanup job, an
+    operator): noticed at the next write or heartbeat; the run is re-created from memory."""
+
+
 class StoreUnavailable(StoreError):
     """A write could not be committed now (disk full, I/O error). ``queued``: it is kept in memory
     and replayed in order by a later write or retry_pending(). ``first``: this failure is the

@@ -42,6 +42,7 @@ from soakd.store.schema import (
     SAMPLE_GRACE,
     STATE_DIR_HINT,
     StoreError,
+    StoreReplaced,
     StoreUnavailable,
     migrate,
 )
@@ -108,6 +109,8 @@ class Writer:
         self.pending_limit = pending_limit
         self.conn: sqlite3.Connection | None = None
         self.lock_fd: int | None = None
+        self.db_fd: int | None = None  # the database file itself, flock'ed: one writer even without soakd.lock
+        self.db_ino: tuple[int, int] | None = None  # (device, inode) of the database this writer opened
         self.journal_mode = ""
         self.migrated: list[int] = []
         self.pending: deque[_Op] = deque()
@@ -130,6 +133,7 @@ class Writer:
         self._lock()
         try:
             self._connect()
+            self._lock_db()
             self.read_back_result = self.read_back()
         except BaseException:
             self._close_quietly()
@@ -158,16 +162,58 @@ class Writer:
         if fcntl is None:  # pragma: no cover
             return
         path = self.state_dir / LOCK_NAME
+        for _ in range(5):  # the lock file may be replaced between open and flock: lock the file at the path
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise dir_error(self.state_dir, exc) from None
+            self._flock(fd, path)
+            try:
+                same = os.stat(path).st_ino == os.fstat(fd).st_ino
+            except OSError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self.lock_fd = fd
+
+    def _lock_db(self) -> None:
+        """flock the database file too (SQLite's own locks are fcntl locks: independent of flock), so
+        that a second soakd is refused even when soakd.lock was removed (a cleanup job, an init
+        container); and note which file this is, to see it deleted or replaced later."""
+        if fcntl is None:  # pragma: no cover
+            return
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.db, os.O_RDONLY)
         except OSError as exc:
             raise dir_error(self.state_dir, exc) from None
+        self._flock(fd, self.db)
+        st = os.fstat(fd)
+        self.db_fd, self.db_ino = fd, (st.st_dev, st.st_ino)
+
+    def check_db(self) -> None:
+        """StoreReplaced when the database at the path is no longer the file this writer opened."""
+        if self.db_ino is None:
+            return
+        try:
+            st = os.stat(self.db)
+        except FileNotFoundError:
+            raise StoreReplaced(f"{self.db} was deleted while soakd was writing it") from None
+        except OSError:
+            return
+        if (st.st_dev, st.st_ino) != self.db_ino:
+            raise StoreReplaced(f"{self.db} was replaced by another file while soakd was writing it")
+
+    def _flock(self, fd: int, path: Path) -> None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             holder = b""
             try:
-                holder = os.pread(fd, 64, 0).strip()
+                if path.name == LOCK_NAME:
+                    holder = os.pread(fd, 64, 0).strip()
             finally:
                 os.close(fd)
             who = f"pid {holder.decode(errors='replace')}" if holder else "another process"
@@ -177,9 +223,6 @@ class Writer:
                     "dir: stop the other one, or give this one its own --state-dir"
                 ) from None
             raise dir_error(self.state_dir, exc) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self.lock_fd = fd
 
     def _connect(self) -> None:
         db = self.db
@@ -237,12 +280,14 @@ class Writer:
             except sqlite3.Error:
                 pass
             self.conn = None
-        if self.lock_fd is not None:
-            try:
-                os.close(self.lock_fd)  # releases the flock
-            except OSError:
-                pass
-            self.lock_fd = None
+        for fd in (self.db_fd, self.lock_fd):
+            if fd is not None:
+                try:
+                    os.close(fd)  # releases the flock
+                except OSError:
+                    pass
+        self.lock_fd = self.db_fd = None
+        self.db_ino = None
 
     # ---- the write path
     def _set_sync(self, durable: bool) -> None:
@@ -276,6 +321,7 @@ class Writer:
         return result
 
     def write(self, op: _Op, *, queue: bool = True) -> Any:
+        self.check_db()
         if self.pending:
             try:
                 self._replay()

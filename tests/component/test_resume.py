@@ -278,3 +278,43 @@ async def test_a_run_ending_on_a_full_disk_keeps_what_it_announced_and_the_next_
         assert [w.window for w in reader.load_windows(final.run_id)] == announced
         run = reader.get_run(final.run_id)
         assert run is not None and run.status in ("finished", "failed") and run.verdict is not None
+
+
+async def test_a_database_deleted_mid_run_is_recreated_from_memory(tmp_path: Path) -> None:
+    """soakd.db (and its WAL) deleted two windows into a run: noticed at the next write or heartbeat,
+    logged as an error, and the run re-created in a new database from memory: at the end every
+    window is stored and the report written (before: not noticed, the whole run lost at the end)."""
+    import asyncio
+
+    from helpers import wait_until
+    from structlog.testing import capture_logs
+
+    from soakd.config import load_config
+    from soakd.runtime import Runtime
+
+    async with sim_server(**QUICK_SIM) as sim:
+        cfg = load_config(None, {
+            "target": {"url": sim.base_url},
+            "run": {"duration": 6.0, "window": 1.0, "warmup": 0, "grace": 1.0, "state_dir": str(tmp_path)},
+            "load": {"concurrency": 4, "mix": {"short_chat": 1}},
+            "scenarios": {"short_chat": {"max_tokens": 8, "prompt_tokens": 32}},
+            "samplers": {"nvml": {"mode": "off"}, "interval": 0.5},
+            "metrics": {"host": "127.0.0.1", "port": 0},
+            "log": {"progress": False},
+        }, environ={})  # fmt: skip
+        runtime = Runtime(cfg, progress=False)
+        history = runtime.analyzer.history
+        with capture_logs() as logs:
+            task = asyncio.create_task(runtime.run())
+            await wait_until(lambda: len(history.full()) >= 2, timeout=20, what="two windows")
+            for name in ("soakd.db", "soakd.db-wal", "soakd.db-shm"):
+                (tmp_path / name).unlink(missing_ok=True)
+            final = await asyncio.wait_for(task, 40)
+    recreated = [e for e in logs if e["event"] == "store_recreated"]
+    assert len(recreated) == 1 and "was deleted" in recreated[0]["reason"], [e["event"] for e in logs]
+    assert recreated[0]["log_level"] == "error"
+    finished = next(e for e in logs if e["event"] == "soakd_finished")
+    assert finished["report"] and Path(finished["report"]).is_file(), finished
+    with StoreReader(tmp_path) as reader:
+        assert [w.window for w in reader.load_windows(final.run_id)] == [w.window for w in history.closed]
+        assert reader.get_run(final.run_id).verdict is not None

@@ -422,6 +422,26 @@ async def test_a_second_writer_on_the_same_state_dir_is_refused(tmp_path: Path) 
     await (await RunStore.open(tmp_path)).close()  # the lock went with it
 
 
+async def test_one_writer_even_when_the_lock_file_is_removed(tmp_path: Path) -> None:
+    """``rm soakd.lock`` (a cleanup job, an init container) and a second soakd: refused all the same
+    (the database file itself is locked; before, both wrote the same run); and a database deleted
+    or replaced under the first is noticed at its next write."""
+    from soakd.store import StoreReplaced
+
+    first = await RunStore.open(tmp_path)
+    (tmp_path / "soakd.lock").unlink()
+    with pytest.raises(StoreError, match="in use by another soakd"):
+        await RunStore.open(tmp_path)
+    seg = await new_run(first)
+    for name in ("soakd.db", "soakd.db-wal", "soakd.db-shm"):
+        (tmp_path / name).unlink(missing_ok=True)
+    with pytest.raises(StoreReplaced, match="was deleted"):
+        await first.save_window("run1", 0, seg, window_summary(0))
+    await first.reopen()  # a new, empty database at the path, this writer's again
+    assert await first.get_run("run1") is None
+    await first.close()
+
+
 def _open_in_child_as_nobody(state: Path) -> str:
     """Fork, drop to uid/gid 65534 and try RunStore.open: root ignores directory permissions, an
     unprivileged user does not (the case of a container running as non-root on a root-owned PVC)."""
