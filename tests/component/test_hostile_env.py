@@ -40,8 +40,8 @@ def _metric(text: str, name: str) -> float:
 
 
 async def test_a_stdout_nobody_reads_does_not_stop_the_run(tmp_path: Path) -> None:
-    """stdout is a 4 KiB pipe that nobody reads (a log driver that stalls): soakd's loop goes on
-    — /healthz and /metrics answer, requests are sent — and once the pipe is read again the run
+    """stdout is a 4 KiB pipe that nobody reads (a log driver that stalls) for 30 s: soakd's loop goes
+    on — /healthz and /metrics answer every second, requests are sent — and once the pipe is read again the run
     ends with its verdict and reports. (Before: the first log line that did not fit blocked the
     event loop, /healthz timed out and no load was sent.)"""
     port = free_port()
@@ -49,7 +49,7 @@ async def test_a_stdout_nobody_reads_does_not_stop_the_run(tmp_path: Path) -> No
     fcntl.fcntl(w, F_SETPIPE_SZ, 4096)
     async with sim_server(**QUICK_SIM) as sim:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, *_run_args(sim.base_url, tmp_path, port, "40s"), stdout=w,
+            sys.executable, *_run_args(sim.base_url, tmp_path, port, "90s"), stdout=w,
             stderr=asyncio.subprocess.PIPE, env=soakd_env(), cwd=str(REPO))  # fmt: skip
         os.close(w)
         base = f"http://127.0.0.1:{port}"
@@ -61,7 +61,7 @@ async def test_a_stdout_nobody_reads_does_not_stop_the_run(tmp_path: Path) -> No
                     assert loop.time() < deadline and proc.returncode is None, "the pipe never filled"
                     await asyncio.sleep(0.1)
                 sent: list[float] = []
-                for _ in range(8):  # stdout blocked for 8 s and more: soakd answers every second
+                for _ in range(30):  # stdout blocked for 30 s and more: soakd answers every second
                     async with session.get(base + "/healthz") as resp:
                         assert resp.status == 200
                     async with session.get(base + "/metrics") as resp:
