@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import math
 import sys
-from pathlib import Path
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -126,8 +125,7 @@ class Runtime:
         primary = self.targets[0]
         self.metrics, self.analyzer, self.client, self.pipeline = primary.metrics, primary.analyzer, primary.client, \
             primary.pipeline
-        # a database deleted mid-run is re-created from what the analysis holds
-        self.session.held = lambda: (list(self.analyzer.history.closed), self.analyzer.baseline)
+        self.session.held = lambda: (list(self.analyzer.history.closed), self.analyzer.baseline)  # a deleted db
         self.api_key = config.api_key(primary.cfg)
         for t in self.targets:
             self.metrics.target_sources.append((t.name, AnalysisExporter(t.analyzer)))
@@ -299,10 +297,8 @@ class Runtime:
             await self.web.stop()
             await self.session.close()
 
-    async def _progress(self) -> None:
-        """The live progress line on a terminal (stderr; nothing where it is no terminal)."""
-        parts = self.status.progress_parts()
-        if parts is not None:
+    async def _progress(self) -> None:  # the live progress line on a terminal (none where stderr is no terminal)
+        if (parts := self.status.progress_parts()) is not None:
             logging_setup.status_line().show(parts)
 
     def _target_answered(self, up: bool) -> None:
@@ -379,40 +375,29 @@ class Runtime:
         if reason in GRACEFUL_STOPS:  # the run stays resumable: the verdict so far
             verdict = verdict.model_copy(update={"interim": True})
         await self.events.flush()  # the end-of-run findings
-        paths: dict[str, Any] | None = None
-        unsaved = None
+        paths, unsaved = None, None
         if self.session.store is not None:
             await self.session.add_samples(self.telemetry.take_pending())
             await self.session.finish(reason, verdict)
-            # what a full disk kept queued: retried for the grace period, then kept beside the database
-            kept, dropped, where = await self.session.store.settle(self.config.run.grace)
-            if kept or dropped:
-                unsaved = (kept, dropped, where)
-                log.error("run_not_saved", run_id=self.run_id, unsaved_writes=kept + dropped, kept=kept,
-                          kept_in=where or None, dropped_samples=dropped, path=self.session.path,
-                          action="no report: the store lacks this run's last writes; the next start on this state "
-                                 "dir reads them back" + ("" if where != "stderr" else " once they are put in "
-                                                          "soakd.db.unsaved.jsonl"))
-            else:  # report.json/md/html into the run dir; a failure is logged, never fatal
+            # a full disk: what it kept queued is retried for the grace, then kept beside the database; no report
+            if (unsaved := await self.session.settle()) is None:  # report.json/md/html; a failure is logged
                 paths = await write_final_reports(self.config.run.state_dir, self.run_id, self.config.run.junit)
-        out = self._outcome(reason, verdict)
-        out.unsaved = unsaved
+        out = self._outcome(reason, verdict, unsaved)
         elapsed = self.load.timeline.elapsed(self.clock.monotonic()) if self.load is not None else 0.0
         report = (paths or {}).get("json")
         log.info("soakd_finished", run_id=self.run_id, stop_reason=reason, elapsed=round(elapsed, 3),
-                 requests_sent=out.requests_sent,
-                 requests_measured=out.requests_measured, warmup_requests=out.warmup_requests,
-                 outcomes={k: v for k, v in out.outcomes.items() if v}, windows=out.windows,
-                 verdict=verdict.result, exit_code=EXIT_UNSAVED if unsaved else verdict.exit_code,
-                 interim=verdict.interim,
+                 requests_sent=out.requests_sent, requests_measured=out.requests_measured,
+                 warmup_requests=out.warmup_requests, outcomes={k: v for k, v in out.outcomes.items() if v},
+                 windows=out.windows, verdict=verdict.result, interim=verdict.interim,
+                 exit_code=EXIT_UNSAVED if unsaved else verdict.exit_code,
                  reasons=verdict.reasons, causes=verdict.cause_lines(),
                  failing=[finding_log(f) for f in verdict.failing][:20],
                  prompt_length_accuracy=out.prompt_length_accuracy,
-                 report=str(report) if report is not None and Path(report).is_file() else None,
+                 report=str(report) if report else None,  # written by this run
                  **({"unsaved_writes": unsaved[0] + unsaved[1]} if unsaved else {}))
         return out
 
-    def _outcome(self, reason: str, verdict: RunVerdict | None = None) -> RunOutcome:
+    def _outcome(self, reason: str, verdict: RunVerdict | None = None, unsaved: Any = None) -> RunOutcome:
         rec = self.load.recorder if self.load is not None else None
         m = self.metrics
         return RunOutcome(
@@ -420,8 +405,7 @@ class Runtime:
             requests_sent=rec.sent if rec else 0, requests_measured=rec.measured if rec else 0,
             warmup_requests=int(sum(m.warmup_requests.values.values())), windows=self.analyzer.history.count,
             outcomes={o: int(sum(m.requests.get(sc, o) for sc in self.scenarios)) for o in OUTCOMES},
-            prompt_length_accuracy=rec.prompt_length_accuracy() if rec else None,
-        )
+            prompt_length_accuracy=rec.prompt_length_accuracy() if rec else None, unsaved=unsaved)
 
     def _server_kind(self) -> str | None:
         for r in self.runners:

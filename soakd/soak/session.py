@@ -204,6 +204,20 @@ class RunSession:
             await self.call("finish", lambda: store.finish_run(self.run_id, reason,
                                                        status="failed" if verdict.result == "FAIL" else "finished"))
 
+    async def settle(self) -> tuple[int, int, str] | None:
+        """The end of the run: what a full disk kept queued, retried for ``run.grace``, then kept beside
+        the database (``RunStore.settle``). None when everything was saved; else (kept, dropped, where),
+        logged as ``run_not_saved``."""
+        kept, dropped, where = await self._store().settle(self.config.run.grace)
+        if not (kept or dropped):
+            return None
+        log.error("run_not_saved", run_id=self.run_id, unsaved_writes=kept + dropped, kept=kept,
+                  kept_in=where or None, dropped_samples=dropped, path=self.path,
+                  action="no report: the store lacks this run's last writes; the next start on this state dir "
+                         "reads them back" + (" once they are put in soakd.db.unsaved.jsonl" if where == "stderr"
+                                              else ""))
+        return kept, dropped, where
+
     async def close(self) -> None:
         if self.store is not None:
             try:
