@@ -671,10 +671,13 @@ async def test_thermal_throttle_episode_is_diagnosed_as_throttling(tmp_path: Pat
     assert f.diagnosis == "throttling" and f.severity == "critical"  # with latency drift
     assert "thermal throttling" in f.message
     drift = {r["metric"]: r for r in f.evidence["drift"]}
-    assert {"e2e_p50", "ttft_p50", "itl_p50"} <= set(drift), f.message
-    # latency x1/0.5 (+100%), diluted on a busy machine by soakd's own delay, which the clock does not slow
+    # e2e and at least one of its parts: a busy machine adds soakd's own delay (which the clock does not
+    # slow) to the short TTFT of these prompts and can keep it within its threshold (seen with a test suite
+    # running beside this one: e2e_p50 +90.9%, itl_p50 +101.0%, ttft_p50 not beyond its threshold)
+    assert "e2e_p50" in drift and {"ttft_p50", "itl_p50"} & set(drift), f.message
+    # latency x1/0.5 (+100%), diluted on a busy machine by soakd's own delay
     assert all(drift[m]["direction"] == "degraded" and 0.5 < drift[m]["ratio"] < 1.3
-               for m in ("e2e_p50", "ttft_p50", "itl_p50")), drift
+               for m in ("e2e_p50", "ttft_p50", "itl_p50") if m in drift), drift
     t = {x["reason"]: x for x in f.evidence["throttle"]}
     assert {"sw_thermal", "hw_thermal"} <= set(t)
     sw = t["sw_thermal"]
