@@ -116,6 +116,11 @@ had no baseline pool): ``error_rate`` left the label values of ``soakd_drift_det
 ``soakd_drift_events``, ``soakd_stability_spread_ratio`` and ``soakd_window_value`` and the verdict's
 ``stability``; the two ``soakd_error_*`` families are new.
 
+``live-shape.json`` made robust to a busy machine (issue 21 item 10): what depends on which windows
+were judged is opaque ("*"): ``soakd_stability_spread_ratio``'s labels and values, the report's
+``baseline``, ``verdict.drift.pool``, ``series.windows.relative`` and the scenarios' quantile intervals (a
+fresh-clone run beside another test suite lost itl_p50's relative series; another run lost the pool).
+
 Regenerated for issue 22 (item 3, logging never blocks): ``soakd_log_dropped_total`` is new in
 ``windows.json`` (0) and ``live-shape.json``; nothing else moved (the live shape's telemetry keys
 are now in sorted order, as the generator writes them).
@@ -513,7 +518,14 @@ REPORT_OPAQUE = ("findings", "troubleshooting", "verdict.reasons", "verdict.find
                  "series.telemetry.values",  # per-minute samples or window means: whether a minute boundary fell in
                  # which windows could not be judged, and why: on a busy machine a window may be client-impaired (the
                  # demo's loop stalled); its causes are asserted by test_verdict_causes, not by the run's shape
-                 "verdict.not_judged")
+                 "verdict.not_judged",
+                 # and what follows from it: the baseline pool (none when the first windows were impaired), the
+                 # relative series of the judged windows, the intervals of quantiles with enough requests (seen: a
+                 # fresh-clone run beside another test suite lost itl_p50's relative series, another the pool)
+                 "baseline", "verdict.drift.pool", "series.windows.relative",
+                 "windows.*.scenarios.*.*.p50_ci", "windows.*.scenarios.*.*.p95_ci", "windows.*.scenarios.*.*.p99_ci")
+# families whose label values are the metrics judged so far: as timing-dependent as the report's pool
+TIMING_FAMILIES = ("soakd_stability_spread_ratio",)
 
 
 @pytest.mark.slow
@@ -557,6 +569,8 @@ async def test_live_run_shape(tmp_path: Path) -> None:
     for name, fam in families.items():
         if name in targeted and "target" in fam["labels"]:
             fam["labels"].remove("target")
+        if name in TIMING_FAMILIES:
+            fam["labels"], fam["values"] = "*", "*"
     # Issue 10 asked for soakd_windows_closed_total, in the catalogue but never exported before:
     # one of the two intended differences from the golden file ...
     assert families.pop("soakd_windows_closed") == {"labels": [], "type": "counter", "values": {}}
