@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import json
 import os
 import sys
 import termios
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -18,6 +20,21 @@ from helpers import QUICK_SIM, REPO, free_port, sim_server, soakd_env
 pytestmark = pytest.mark.timeout(180)
 
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+
+
+@contextlib.asynccontextmanager
+async def _serving(app: Any) -> Any:
+    """``app`` (an aiohttp application) on a free loopback port: yields the port."""
+    from aiohttp import web
+
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # noqa: SLF001
+    finally:
+        await runner.cleanup()
 
 
 def _run_args(url: str, state: Path, port: int, duration: str) -> list[str]:
@@ -153,15 +170,8 @@ async def test_an_html_page_instead_of_the_api_fails_at_start(tmp_path: Path) ->
 
     app = web.Application()
     app.router.add_get("/{tail:.*}", page)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # noqa: SLF001
-    try:
+    async with _serving(app) as port:
         rc, _out, err = await _run_until_exit("--target", f"http://127.0.0.1:{port}/v1", "--state-dir", str(tmp_path))
-    finally:
-        await runner.cleanup()
     assert rc == 1
     assert "answered HTML, not JSON" in err and "JSONDecodeError" not in err, err
 
@@ -207,12 +217,7 @@ async def test_a_target_that_fails_fast_gets_less_than_the_configured_load(tmp_p
     app = web.Application()
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/chat/completions", chat)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # noqa: SLF001
-    try:
+    async with _serving(app) as port:
         from helpers import run_soakd
 
         rc, out, err = await run_soakd(
@@ -220,8 +225,6 @@ async def test_a_target_that_fails_fast_gets_less_than_the_configured_load(tmp_p
             "--warmup", "0s", "--concurrency", "8", "--mix", "short_chat=1", "--nvml", "off", "--no-progress",
             "--metrics-port", "0", "--metrics-host", "127.0.0.1", "--state-dir", str(tmp_path),
             "--log-format", "json", timeout=90)  # fmt: skip
-    finally:
-        await runner.cleanup()
     finished = [json.loads(x) for x in out.splitlines() if x.startswith("{") and '"soakd_finished"' in x]
     assert finished, out[-2000:] + err
     elapsed = finished[0]["elapsed"]
