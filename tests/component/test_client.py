@@ -17,7 +17,7 @@ from soakd.core.records import Outcome, RequestRecord
 from soakd.config import TargetConfig
 from soakd.sim import count_chat_tokens, count_tokens
 from soakd.config.sim import SimFaults
-from helpers import FAST_SIM, free_port, sim_server, wait_until
+from helpers import FAST_SIM, free_port, serving, sim_server, wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -311,17 +311,11 @@ async def test_extra_headers_are_sent() -> None:
 
 @asynccontextmanager
 async def serve(handler: Any) -> AsyncIterator[str]:
+    """``handler`` as the chat completions endpoint of a hand-written server: yields its /v1 URL."""
     app = web.Application()
     app.router.add_post("/v1/chat/completions", handler)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # noqa: SLF001
-    try:
+    async with serving(app) as port:
         yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        await runner.cleanup()
 
 
 def sse_handler(*chunks: bytes) -> Any:
@@ -478,16 +472,9 @@ async def test_keep_alive_connection_closed_by_the_server_is_server_disconnected
         request.transport.close()  # after the response, like llama-server
         return resp
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
-    try:
+    async with serve(handler) as url:
         for keep_alive in (True, False):
-            client = OpenAIClient(TargetConfig(url=f"http://127.0.0.1:{port}/v1", keep_alive=keep_alive),
+            client = OpenAIClient(TargetConfig(url=url, keep_alive=keep_alive),
                                   pool_size=1)  # fmt: skip
             recs = []
             try:
@@ -501,5 +488,3 @@ async def test_keep_alive_connection_closed_by_the_server_is_server_disconnected
                 assert all(r in ((Outcome.OK, ""), (Outcome.CONNECTION_ERROR, "server_disconnected")) for r in reasons)
             else:
                 assert reasons == [(Outcome.OK, "")] * 4, reasons
-    finally:
-        await runner.cleanup()

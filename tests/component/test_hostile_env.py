@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import json
 import os
@@ -15,26 +14,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from helpers import QUICK_SIM, REPO, free_port, sim_server, soakd_env
+from helpers import QUICK_SIM, REPO, free_port, serving, sim_server, soakd_env
 
 pytestmark = pytest.mark.timeout(180)
 
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
-
-
-@contextlib.asynccontextmanager
-async def _serving(app: Any) -> Any:
-    """``app`` (an aiohttp application) on a free loopback port: yields the port."""
-    from aiohttp import web
-
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # noqa: SLF001
-    finally:
-        await runner.cleanup()
 
 
 def _run_args(url: str, state: Path, port: int, duration: str) -> list[str]:
@@ -170,7 +154,7 @@ async def test_an_html_page_instead_of_the_api_fails_at_start(tmp_path: Path) ->
 
     app = web.Application()
     app.router.add_get("/{tail:.*}", page)
-    async with _serving(app) as port:
+    async with serving(app) as port:
         rc, _out, err = await _run_until_exit("--target", f"http://127.0.0.1:{port}/v1", "--state-dir", str(tmp_path))
     assert rc == 1
     assert "answered HTML, not JSON" in err and "JSONDecodeError" not in err, err
@@ -217,7 +201,7 @@ async def test_a_target_that_fails_fast_gets_less_than_the_configured_load(tmp_p
     app = web.Application()
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/chat/completions", chat)
-    async with _serving(app) as port:
+    async with serving(app) as port:
         from helpers import run_soakd
 
         rc, out, err = await run_soakd(

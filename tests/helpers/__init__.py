@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 
 from soakd.sim import SimConfig, SimServer
 
@@ -42,6 +43,18 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[int]:
+    """``async with serving(app) as port`` — a hand-written aiohttp application on a free loopback port."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield int(runner.addresses[0][1])
+    finally:
+        await runner.cleanup()
 
 
 @asynccontextmanager
