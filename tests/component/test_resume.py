@@ -13,7 +13,7 @@ import pytest
 import yaml
 from helpers import QUICK_SIM, SoakdProcess, run_soakd, sim_server
 
-from soakd.config import deep_merge
+from soakd.config import deep_merge, load_config
 from soakd.store import StoreReader
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -33,6 +33,19 @@ def _args(url: str, state: Path, *extra: str, cfg_dir: Path | None = None, yaml_
         "--state-dir", str(state), "--log-format", "json", "--grace", "2s", "--sample-interval", "0.5s",
         "--nvml", "off", *extra,
     ]  # fmt: skip
+
+
+def in_process(sim: Any, state: Path, duration: float) -> Any:
+    """The configuration of the in-process runs below: 1 s windows, no warm-up, concurrency 4."""
+    return load_config(None, {
+        "target": {"url": sim.base_url},
+        "run": {"duration": duration, "window": 1.0, "warmup": 0, "grace": 1.0, "state_dir": str(state)},
+        "load": {"concurrency": 4, "mix": {"short_chat": 1}},
+        "scenarios": {"short_chat": {"max_tokens": 8, "prompt_tokens": 32}},
+        "samplers": {"nvml": {"mode": "off"}, "interval": 0.5},
+        "metrics": {"host": "127.0.0.1", "port": 0},
+        "log": {"progress": False},
+    }, environ={})  # fmt: skip
 
 
 async def test_sigkill_then_restart_resumes_the_same_run(tmp_path: Path) -> None:
@@ -145,19 +158,10 @@ async def test_full_disk_mid_run_degrades_and_recovers(tmp_path: Path) -> None:
     from helpers import fill_up, http_get, make_room, wait_until
     from structlog.testing import capture_logs
 
-    from soakd.config import load_config
     from soakd.runtime import Runtime
 
     async with sim_server(**QUICK_SIM) as sim:
-        cfg = load_config(None, {
-            "target": {"url": sim.base_url},
-            "run": {"duration": 7.0, "window": 1.0, "warmup": 0, "grace": 1.0, "state_dir": str(tmp_path)},
-            "load": {"concurrency": 4, "mix": {"short_chat": 1}},
-            "scenarios": {"short_chat": {"max_tokens": 8, "prompt_tokens": 32}},
-            "samplers": {"nvml": {"mode": "off"}, "interval": 0.5},
-            "metrics": {"host": "127.0.0.1", "port": 0},
-            "log": {"progress": False},
-        }, environ={})  # fmt: skip
+        cfg = in_process(sim, tmp_path, 7.0)
         runtime = Runtime(cfg, progress=False)
         history = runtime.analyzer.history
         with capture_logs() as logs:
@@ -232,23 +236,11 @@ async def test_a_run_ending_on_a_full_disk_keeps_what_it_announced_and_the_next_
     from helpers import fill_up, wait_until
     from structlog.testing import capture_logs
 
-    from soakd.config import load_config
     from soakd.core.verdict import EXIT_UNSAVED
     from soakd.runtime import Runtime
 
-    def config(duration: float) -> Any:
-        return load_config(None, {
-            "target": {"url": sim.base_url},
-            "run": {"duration": duration, "window": 1.0, "warmup": 0, "grace": 1.0, "state_dir": str(tmp_path)},
-            "load": {"concurrency": 4, "mix": {"short_chat": 1}},
-            "scenarios": {"short_chat": {"max_tokens": 8, "prompt_tokens": 32}},
-            "samplers": {"nvml": {"mode": "off"}, "interval": 0.5},
-            "metrics": {"host": "127.0.0.1", "port": 0},
-            "log": {"progress": False},
-        }, environ={})  # fmt: skip
-
     async with sim_server(**QUICK_SIM) as sim:
-        runtime = Runtime(config(5.0), progress=False)
+        runtime = Runtime(in_process(sim, tmp_path, 5.0), progress=False)
         history = runtime.analyzer.history
         with capture_logs() as logs:
             task = asyncio.create_task(runtime.run())
@@ -268,7 +260,7 @@ async def test_a_run_ending_on_a_full_disk_keeps_what_it_announced_and_the_next_
         assert stored != announced  # the database alone lacks what the full disk held back
         # space returns (the full disk was the first connection's page limit: the next connection has none)
         with capture_logs() as logs2:
-            again = Runtime(config(2.0), progress=False)
+            again = Runtime(in_process(sim, tmp_path, 2.0), progress=False)
             second = await asyncio.wait_for(again.run(), 40)
     read = [e for e in logs2 if e["event"] == "store_read_back"]
     assert read and read[0]["applied"] == len(calls) and read[0]["left"] == 0, read
@@ -289,19 +281,10 @@ async def test_a_database_deleted_mid_run_is_recreated_from_memory(tmp_path: Pat
     from helpers import wait_until
     from structlog.testing import capture_logs
 
-    from soakd.config import load_config
     from soakd.runtime import Runtime
 
     async with sim_server(**QUICK_SIM) as sim:
-        cfg = load_config(None, {
-            "target": {"url": sim.base_url},
-            "run": {"duration": 6.0, "window": 1.0, "warmup": 0, "grace": 1.0, "state_dir": str(tmp_path)},
-            "load": {"concurrency": 4, "mix": {"short_chat": 1}},
-            "scenarios": {"short_chat": {"max_tokens": 8, "prompt_tokens": 32}},
-            "samplers": {"nvml": {"mode": "off"}, "interval": 0.5},
-            "metrics": {"host": "127.0.0.1", "port": 0},
-            "log": {"progress": False},
-        }, environ={})  # fmt: skip
+        cfg = in_process(sim, tmp_path, 6.0)
         runtime = Runtime(cfg, progress=False)
         history = runtime.analyzer.history
         with capture_logs() as logs:
