@@ -71,6 +71,17 @@ def _check_auth(st: SimState, request: web.Request) -> web.Response | None:
     )
 
 
+async def _json_object(request: web.Request) -> dict[str, Any] | web.Response:
+    """The request's body as a JSON object, or the 400 that says why it is not one."""
+    try:
+        body = json.loads(await request.read())
+    except (ValueError, UnicodeDecodeError):
+        return bad_request("The request body is not valid JSON.")
+    if not isinstance(body, dict):
+        return bad_request("The request body must be a JSON object.")
+    return body
+
+
 async def _generate(request: web.Request, chat: bool, body: Any = None) -> web.StreamResponse:
     """A chat or text completion; ``body``: already read (the Responses API's, translated)."""
     st = request.app[SIM_STATE]
@@ -79,12 +90,9 @@ async def _generate(request: web.Request, chat: bool, body: Any = None) -> web.S
     if denied is not None:
         return denied
     if body is None:
-        try:
-            body = json.loads(await request.read())
-        except (ValueError, UnicodeDecodeError):
-            return bad_request("The request body is not valid JSON.")
-    if not isinstance(body, dict):
-        return bad_request("The request body must be a JSON object.")
+        body = await _json_object(request)
+        if isinstance(body, web.Response):
+            return body
     try:
         parsed = parse_request(body, chat, st.config)
     except InvalidRequest as exc:
@@ -148,12 +156,9 @@ async def responses(request: web.Request) -> web.StreamResponse:
     """``POST /v1/responses`` (OpenAI's Responses API, as vLLM serves it), not streamed: ``input`` (a
     string or a list of messages), ``instructions``, ``max_output_tokens``, ``temperature``; generated
     as the chat completion of the same messages, answered as a response object."""
-    try:
-        body = json.loads(await request.read())
-    except (ValueError, UnicodeDecodeError):
-        return bad_request("The request body is not valid JSON.")
-    if not isinstance(body, dict):
-        return bad_request("The request body must be a JSON object.")
+    body = await _json_object(request)
+    if isinstance(body, web.Response):
+        return body
     if body.get("stream"):
         return bad_request("stream is not supported by this simulator's /v1/responses.", "stream")
     inp = body.get("input")

@@ -417,7 +417,10 @@ async def test_bad_requests_and_unknown_model() -> None:
             (url, json.dumps({"messages": MSG, "stream": "yes"}).encode(), 400),
             (url, json.dumps([1, 2]).encode(), 400),
             (sim.base_url + "/completions", json.dumps({"max_tokens": 3}).encode(), 400),
-            (url, json.dumps({"model": "gpt-9", "messages": MSG}).encode(), 404),
+            (sim.base_url + "/responses", b"{not json", 400),
+            (sim.base_url + "/responses", json.dumps([1, 2]).encode(), 400),
+            (sim.base_url + "/responses", json.dumps({"input": 3}).encode(), 400),
+            (url, json.dumps({"model": "gpt-9", "messages": MSG}).encode(), 404),  # last: its code is checked below
         ]
         for target, raw, status in cases:
             async with s.post(target, data=raw, headers={"Content-Type": "application/json"}) as r:
