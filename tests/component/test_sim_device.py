@@ -210,11 +210,13 @@ async def test_thermal_episode_raises_the_latency_a_client_sees() -> None:
                     await resp.read()
                 return loop.time() - t0
 
-            cool = await e2e()
+            # the least of five: a busy machine only adds to a request's time (seen: 0.377 s for 0.08 s once,
+            # under two other test runs), the simulator's delay is the floor
+            cool = min([await e2e() for _ in range(5)])
             clock.t += 3600.0 + 1
-            hot = await e2e()
+            hot = min([await e2e() for _ in range(5)])
             metrics = (await (await session.get(sim.dcgm_metrics_url)).text())
-    assert 0.08 <= cool < 0.15 and hot >= 0.16 and hot / cool > 1.4, (cool, hot)  # 1/0.5 = 2x
+    assert cool >= 0.08 and hot >= 0.16 and hot - cool > 0.04, (cool, hot)  # 1/0.5 = 2x: +0.08 s
     assert 'DCGM_FI_DEV_SM_CLOCK{gpu="0"' in metrics and " 990\n" in metrics
 
 
