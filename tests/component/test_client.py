@@ -174,7 +174,7 @@ async def test_stall_longer_than_idle_timeout() -> None:
         rec = await execute(sim.base_url, chat_body(32), timeouts={"idle": 0.3})
     assert (rec.outcome, rec.reason) == (Outcome.TIMEOUT, "idle_timeout"), rec
     assert rec.http_status == 200 and rec.token_times_ns  # it had started streaming
-    assert 0.3 <= rec.e2e_seconds < 2.0
+    assert 0.3 <= rec.e2e_seconds < 2.7  # the timeout, not the 3 s stall's end (room for a busy machine)
 
 
 async def test_stall_shorter_than_idle_timeout_is_ok() -> None:
@@ -195,14 +195,14 @@ async def test_first_token_timeout() -> None:
     assert (plain.outcome, plain.reason) == (Outcome.TIMEOUT, "response_timeout"), plain
     assert (total.outcome, total.reason) == (Outcome.TIMEOUT, "total_timeout"), total
     for rec in (streamed, plain, total):
-        assert 0.2 <= rec.e2e_seconds < 1.0, rec  # the deadline fired, not the server's answer
+        assert 0.2 <= rec.e2e_seconds < 1.8, rec  # the deadline fired, not the server's answer at 2 s
 
 
 async def test_total_timeout_caps_a_healthy_stream() -> None:
     async with sim_server(**dict(TRUTH, tpot_base=0.02)) as sim:
         rec = await execute(sim.base_url, chat_body(100), timeouts={"total": 0.4, "idle": 5})
     assert (rec.outcome, rec.reason) == (Outcome.TIMEOUT, "total_timeout"), rec
-    assert rec.token_times_ns and 0.4 <= rec.e2e_seconds < 1.0
+    assert rec.token_times_ns and 0.4 <= rec.e2e_seconds < 1.8  # not the stream's end at 2 s
 
 
 async def test_dead_port_is_a_connection_error() -> None:
