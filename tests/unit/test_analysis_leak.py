@@ -313,6 +313,20 @@ def test_a_staircase_that_stopped_is_named_steps_not_a_leak() -> None:
         assert "not a linear leak" in r.message()
 
 
+def test_bumps_that_drift_back_are_not_steps() -> None:
+    # two bumps of 80 MiB that come back down over three readings each (memory under load, no idle probe):
+    # each rise is a jump, but the level after it is the level before: no staircase, nothing named
+    ys = [1000.0] * 24
+    for at in (7, 16):
+        ys[at], ys[at + 1], ys[at + 2] = 1080.0, 1050.0, 1020.0
+    r = evaluate_memory(_probes(ys, noise_mib=0.0), "device_memory")
+    assert r.pattern not in ("staircase", "unbounded staircase") and not r.memory_steps and not r.suspected, r.message()
+    # the same rises that stay up are a staircase
+    stays = [1000.0 + 80.0 * ((i >= 7) + (i >= 16)) for i in range(24)]
+    s = evaluate_memory(_probes(stays, noise_mib=0.0), "device_memory")
+    assert s.pattern == "staircase" and s.steps == 2 and s.steps_bytes == pytest.approx(160 * MIB), s.message()
+
+
 def test_steps_that_keep_coming_are_projected_against_the_exhaustion_budget() -> None:
     # 256 MiB every 2 h, forever: ~110 MiB/h on average, 40 GiB free: ~15 days, beyond the 7-day budget
     slow = evaluate_memory(_probes(_stairs(256, 4, None)), "device_memory")
