@@ -98,19 +98,12 @@ async def _generate(request: web.Request, chat: bool, body: Any = None) -> web.S
     except InvalidRequest as exc:
         return bad_request(exc.message, exc.param)
     if parsed.model is not None and parsed.model != st.config.model:
-        return error_response(
-            404,
-            f"The model `{parsed.model}` does not exist.",
-            "invalid_request_error",
-            param="model",
-            code="model_not_found",
-        )
+        return error_response(404, f"The model `{parsed.model}` does not exist.", "invalid_request_error",
+                              param="model", code="model_not_found")
     model = st.model
     plan = model.plan_faults(parsed.max_tokens)
     if plan.status == 500:
-        return error_response(
-            500, "Internal server error (simulated fault error_rate_500).", "server_error"
-        )
+        return error_response(500, "Internal server error (simulated fault error_rate_500).", "server_error")
     if plan.status == 429:
         return error_response(
             429,
@@ -206,11 +199,10 @@ async def embeddings(request: web.Request) -> web.Response:
     denied = _check_auth(st, request)
     if denied is not None:
         return denied
-    try:
-        body = await request.json()
-    except ValueError:
-        return error_response(400, "request body is not JSON", "invalid_request_error")
-    inputs = body.get("input") if isinstance(body, dict) else None
+    body = await _json_object(request)
+    if isinstance(body, web.Response):
+        return body
+    inputs = body.get("input")
     if isinstance(inputs, str):
         inputs = [inputs]
     if not isinstance(inputs, list) or not inputs or not all(isinstance(x, str) for x in inputs):

@@ -420,6 +420,8 @@ async def test_bad_requests_and_unknown_model() -> None:
             (sim.base_url + "/responses", b"{not json", 400),
             (sim.base_url + "/responses", json.dumps([1, 2]).encode(), 400),
             (sim.base_url + "/responses", json.dumps({"input": 3}).encode(), 400),
+            (sim.base_url + "/embeddings", b"{not json", 400),
+            (sim.base_url + "/embeddings", json.dumps([1, 2]).encode(), 400),
             (url, json.dumps({"model": "gpt-9", "messages": MSG}).encode(), 404),  # last: its code is checked below
         ]
         for target, raw, status in cases:
