@@ -51,8 +51,10 @@ pytestmark = [pytest.mark.slow]
 LATENCY = ("e2e_p50", "e2e_p95", "ttft_p50", "ttft_p95", "itl_p50", "itl_p95")
 # a +50% step on the simulator's delays, as soakd measures it at p50: diluted by soakd's own
 # scheduling delay on a busy 2-core machine (measured: TTFT p50 +34.5% once with the machine loaded
-# by a second test run, e2e +42%), never beyond the step itself (plus noise)
-STEP_SEEN = (0.25, 0.65)
+# by a second test run, e2e +42%), or swollen by it when the machine gets busier as the step comes (the
+# simulator shares soakd's process: seen e2e p50 +79.8% with a test suite and two CPU-bound processes
+# beside it); never twice the step
+STEP_SEEN = (0.25, 1.0)
 
 SIM: dict[str, Any] = {
     "host": "127.0.0.1",
