@@ -9,12 +9,11 @@ import os
 import sys
 import termios
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
 
-from helpers import QUICK_SIM, REPO, free_port, serving, sim_server, soakd_env
+from helpers import QUICK_SIM, REPO, free_port, run_soakd, serving, sim_server, soakd_env
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -120,8 +119,6 @@ async def test_a_broken_stdout_is_said_once_and_the_run_finishes(tmp_path: Path)
 
 
 async def _run_until_exit(*args: str, timeout: float = 60.0) -> tuple[int, str, str]:
-    from helpers import run_soakd
-
     return await run_soakd("run", *args, "--duration", "1h", "--wait-for-target", "2s", "--metrics-port", "0",
                            "--metrics-host", "127.0.0.1", "--log-format", "json", "--nvml", "off", timeout=timeout)
 
@@ -202,8 +199,6 @@ async def test_a_target_that_fails_fast_gets_less_than_the_configured_load(tmp_p
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/chat/completions", chat)
     async with serving(app) as port:
-        from helpers import run_soakd
-
         rc, out, err = await run_soakd(
             "run", "--target", f"http://127.0.0.1:{port}/v1", "--duration", "4s", "--window", "1s",
             "--warmup", "0s", "--concurrency", "8", "--mix", "short_chat=1", "--nvml", "off", "--no-progress",
