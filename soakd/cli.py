@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -335,19 +336,49 @@ def cmd_batch(args: argparse.Namespace) -> int:
 
 
 def _demo_episodes(cfg: SoakConfig, sim: dict[str, Any]) -> None:
-    """--demo-episodes: a thermal-throttling episode a third of the way in (a sixth of the run, SM
-    clock at 60%) and a power cap two thirds in (a tenth of the run, at half the demo load's extra
-    power), unless the sim: block (SOAKD_SIM__FAULTS__*) already schedules them."""
+    """--demo-episodes: a thermal-throttling episode (a sixth of the run, SM clock at 60%) and then a power
+    cap (a tenth of the run, at half the demo load's extra power), unless the sim: block
+    (SOAKD_SIM__FAULTS__*) already schedules them.
+
+    The thermal episode starts a whole window after the baseline pool's last window, where the run is long
+    enough for both episodes and a window between them (else a third of the way in): an episode that
+    reaches into the pool is part of the reference it would be judged against, and the simulator's clock
+    starts before the soak's first window by however long the start took on a busy machine (seen: window
+    3 of a 10-s-window demo throttled 29% of its samples, the pool's e2e p50 +35%, no throttling found).
+    The power cap starts two thirds in, or a window after the thermal episode ends if that is later."""
     faults, dev, length = sim["faults"], sim["device"], cfg.run.duration
+    window, thermal_len, cap_len = cfg.run.window, length / 6, length / 10
+    after_pool = cfg.run.warmup + (cfg.analysis.drift.baseline_windows + 1) * window
+    fits = after_pool + thermal_len + window + cap_len <= length
+    thermal_at = after_pool if fits else length / 3
     if faults.get("thermal_throttle_at") is None:
-        faults.update(thermal_throttle_at=round(length / 3, 3), thermal_throttle_duration=round(length / 6, 3),
+        faults.update(thermal_throttle_at=round(thermal_at, 3), thermal_throttle_duration=round(thermal_len, 3),
                       thermal_throttle_clock_ratio=0.6)
     if faults.get("power_cap_at") is None:
         load = dev["power_per_request_watts"] * min(cfg.load.effective_concurrency if cfg.load.closed_loop else 16,
                                                     sim["max_batch"])
         cap = min(dev["idle_power_watts"] + max(10.0, load / 2), dev["power_limit_watts"] - 1)
-        faults.update(power_cap_at=round(length * 2 / 3, 3), power_cap_duration=round(length / 10, 3),
+        cap_at = max(length * 2 / 3, thermal_at + thermal_len + window) if fits else length * 2 / 3
+        faults.update(power_cap_at=round(cap_at, 3), power_cap_duration=round(cap_len, 3),
                       power_cap_watts=round(cap, 1))
+
+
+class _EpisodeAnchor:
+    """The demo's episodes (faults.*_at) count from the soak's start, not the simulator's: the first request
+    record moves the simulated devices' start to the moment that request was sent (the timeline's start:
+    the load begins with it). Starting the soak (the target check, NVML, the state, the web server) takes
+    seconds on a busy machine (seen: 15 s, which put an episode meant for after the pool into it)."""
+
+    def __init__(self, devices: list[Any]) -> None:
+        self.devices: list[Any] | None = devices
+
+    def __call__(self, rec: Any) -> None:
+        if self.devices is None:
+            return
+        ago = max(0.0, (time.perf_counter_ns() - rec.t_start_ns) / 1e9) if rec.t_start_ns else 0.0
+        for dev in self.devices:
+            dev.started = dev.clock() - ago
+        self.devices = None
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -385,6 +416,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             _demo_episodes(cfg, sim_data)
         slower = dict(sim_data, port=0, ttft_base=sim_data["ttft_base"] * 1.1, tpot_base=sim_data["tpot_base"] * 1.1)
         async with SimServer(SimConfig.model_validate(sim_data)) as sim, contextlib.AsyncExitStack() as stack:
+            devices = [sim.device]
             nvml = None
             if cfg.samplers.nvml.mode != "off":
                 fake_pynvml.bind(sim.device)  # the soak's NVML sampler sees the simulated GPU(s)
@@ -392,6 +424,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             run_cfg = cfg.model_copy(update={"target": cfg.target.model_copy(update={"url": sim.base_url})})
             if getattr(args, "ab", False):  # a second simulator, 10% slower: the candidate
                 cand = await stack.enter_async_context(SimServer(SimConfig.model_validate(slower)))
+                devices.append(cand.device)
                 from soakd.config import NamedTargetConfig
 
                 run_cfg = run_cfg.model_copy(update={"targets": [
@@ -405,7 +438,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 f"with {int(cfg.run.window)}s windows; metrics at {where}\n"
             )
             sys.stdout.flush()
-            return await _soak(run_cfg, progress=progress, nvml_module=nvml, new_run=True)
+            return await _soak(run_cfg, progress=progress, nvml_module=nvml, new_run=True,
+                               record_listeners=(_EpisodeAnchor(devices),))
 
     try:
         code, outcome = _run_async(demo())

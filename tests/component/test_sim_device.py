@@ -330,12 +330,56 @@ def test_demo_episodes_schedule_a_throttle_and_a_cap_that_binds() -> None:
     assert (f.thermal_throttle_at, f.thermal_throttle_duration, f.thermal_throttle_clock_ratio) == (60, 30, 0.6)
     assert (f.power_cap_at, f.power_cap_duration) == (120, 18)
     assert IDLE_W < f.power_cap_watts < IDLE_W + 16 * PER_REQ_W  # binds under the demo's load
+    # the demo's own layout (3 min, 20-s windows, 10 s of warm-up, a pool of 4): the thermal episode a
+    # window after the pool, the cap a window after the episode, both inside the run
+    cfg = load_config(None, {"run": {"duration": 180, "window": 20, "warmup": 10}}, environ={})
+    data = cfg.sim.model_dump()
+    _demo_episodes(cfg, data)
+    f = SimConfig.model_validate(data).faults
+    assert (f.thermal_throttle_at, f.thermal_throttle_duration) == (110, 30)  # pool: windows [10, 90)
+    assert (f.power_cap_at, f.power_cap_duration) == (160, 18)
+    # test_prometheus's demo (150 s, 10-s windows, 3 s of warm-up): the pool ends at 43 s, the episode at 53 s
+    cfg = load_config(None, {"run": {"duration": 150, "window": 10, "warmup": 3}}, environ={})
+    data = cfg.sim.model_dump()
+    _demo_episodes(cfg, data)
+    f = SimConfig.model_validate(data).faults
+    assert (f.thermal_throttle_at, f.power_cap_at) == (53, 100)
     # what the user scheduled is kept
     cfg = load_config(None, {"sim": {"faults": {"thermal_throttle_at": "5s"}}}, environ={})
     data = cfg.sim.model_dump()
     _demo_episodes(cfg, data)
     assert SimConfig.model_validate(data).faults.thermal_throttle_at == 5
 
+
+def test_the_demo_counts_its_episodes_from_the_first_request() -> None:
+    """The first request record moves every simulated device's start to when that request was sent (the soak's
+    timeline start), however long the soak took to start; later records move nothing."""
+    import time
+
+    from soakd.cli import _EpisodeAnchor
+    from soakd.core.records import RequestRecord
+
+    class Dev:
+        def __init__(self) -> None:
+            self.now, self.started = 100.0, 0.0
+
+        def clock(self) -> float:
+            return self.now
+
+    devs = [Dev(), Dev()]
+    anchor = _EpisodeAnchor(devs)  # type: ignore[arg-type]
+    rec = RequestRecord("short_chat")
+    rec.t_start_ns = time.perf_counter_ns() - 2_000_000_000  # sent 2 s ago
+    before = (time.perf_counter_ns() - rec.t_start_ns) / 1e9
+    anchor(rec)
+    after = (time.perf_counter_ns() - rec.t_start_ns) / 1e9
+    # the simulator came up at 0, its clock reads 100, the request went out 2 s (and a little) ago
+    assert all(100.0 - after <= d.started <= 100.0 - before <= 98.0 for d in devs)
+    first = [d.started for d in devs]
+    for d in devs:
+        d.now = 500.0
+    anchor(rec)
+    assert [d.started for d in devs] == first
 
 # ---- the exposition and the samplers
 
