@@ -274,8 +274,8 @@ def memory_pattern(source: str, pts: list[tuple[float, float]], cfg: LeakConfig,
       needing 3 of them.
     * Two isolated jumps up or more (and no release): a **staircase**, judged by ``_staircase``
       (slope within the plateaus; the steps' rate while they still come).
-    * Otherwise the judged part starts at a third of the series, or after the last isolated jump
-      up (a **one-off step**: a jump while the typical difference is small), whichever is later;
+    * Otherwise the judged part starts at ``sustained_from`` (a third) of the series, or after the
+      last isolated jump up (a **one-off step**: a jump while the typical difference is small), whichever is later;
       it needs ``min_windows`` readings spanning ``min_span`` (4 hours).
     * Sen's slope of the judged part with its interval: above 0 is a **sustained climb** (always a
       finding, ``suspected``); a climb before the judged part that has stopped is **ramp then flat**
@@ -325,7 +325,7 @@ def memory_pattern(source: str, pts: list[tuple[float, float]], cfg: LeakConfig,
     elif len(steps) >= 2:
         return _staircase(xs, ys, steps, sorted(ups), cfg, total, common)
     else:
-        start = n // 3
+        start = int(n * cfg.sustained_from + 1e-9)
         if steps:
             start = max(start, steps[-1] + 1)
         jx, jy = xs[start:], ys[start:]
@@ -377,7 +377,7 @@ def _staircase(xs: list[float], ys: list[float], steps: list[int], ups: list[int
     """Two steps or more, no release: a staircase (``memory_pattern``). ``steps``: the indices ``i`` of
     the isolated jumps up (between readings ``i`` and ``i + 1``); ``ups``: every jump up.
 
-    * Between the steps: the readings from a third of the series on, cut into blocks at every jump
+    * Between the steps: the readings from ``sustained_from`` (a third) of the series on, cut into blocks at every jump
       up, and Sen's slope *within* the blocks (``theil_sen_blocked``): the steps move no slope. Its
       interval above 0 is a climb between the steps: **steps on a sustained climb**, a leak (judged like
       a sustained climb: suspected, fails when memory runs out within the budget, at the climb's rate
@@ -390,7 +390,7 @@ def _staircase(xs: list[float], ys: list[float], steps: list[int], ups: list[int
       **staircase**: not suspected, named ``memory steps`` by the diagnosis when KV usage is flat.
     """
     n = len(xs)
-    s0 = n // 3
+    s0 = int(n * cfg.sustained_from + 1e-9)
     blocks, a = [], s0
     for i in ups:
         if i >= s0:

@@ -264,6 +264,21 @@ def test_warm_up_steps_and_sawtooths_are_no_leak(values: list[float], pattern: s
     assert not r.suspected and not r.fails
 
 
+def test_sustained_from_moves_where_the_judged_part_starts() -> None:
+    """analysis.leak.sustained_from: a third by default (a 3-hour warm-up in 12 hours is left out, and the
+    warm-up is named); from the start, the same warm-up is judged as a climb."""
+    warm = [1024 * min(1.0, (i * 0.5 + 0.25) / 3.0) for i in range(24)]
+    r = evaluate_memory(_probes(warm), "device_memory")
+    assert r.pattern == "ramp then flat" and not r.suspected and r.sustained_from_hours == pytest.approx(4.0)
+    every = evaluate_memory(_probes(warm), "device_memory", LeakConfig(sustained_from=0.0))
+    assert every.suspected and every.sustained_from_hours == 0.0
+    # 12 windows: a third starts at window 4 (not 3: the share is floored exactly, 12 x 1/3 is 4)
+    twelve = evaluate_memory(_probes([0.0] * 12), "device_memory")
+    assert twelve.sustained_from_hours == pytest.approx(2.0)
+    with pytest.raises(ValidationError):
+        LeakConfig(sustained_from=1.0)
+
+
 def test_a_sustained_climb_is_a_leak_with_its_time_to_exhaustion() -> None:
     # 50 MB/h after a warm-up ramp; 40 GiB free on the device: ~36 days at this rate, inside no 7-day budget
     slow = [300 * min(1.0, i / 3) + 50e6 / MIB * 0.5 * i for i in range(24)]
