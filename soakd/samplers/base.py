@@ -75,9 +75,19 @@ class SamplerRunner:
         self.last_duration = 0.0
         self.last_success_wall: float | None = None
         self.last_error = ""
+        self._lock = asyncio.Lock()
 
     async def run_once(self) -> bool:
-        """Sample once; True on success. Never raises (except CancelledError)."""
+        """Sample once; True on success. Never raises (except CancelledError).
+
+        One sample at a time: a quiesce probe's reading waits for the scheduled sample in flight. Two at
+        once can be applied in the other order than the server answered them: counters read earlier,
+        applied later, are lower than the last ones (seen: a stationary simulator paged
+        SoakdServerRestarted on a busy machine), and an older snapshot replaces a newer one."""
+        async with self._lock:
+            return await self._run_once()
+
+    async def _run_once(self) -> bool:
         t0 = time.perf_counter()
         self.runs += 1
         try:

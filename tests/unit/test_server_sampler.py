@@ -620,6 +620,51 @@ def test_the_generation_counter_says_how_it_moves_and_a_lower_one_is_a_restart()
     assert why is not None and "generation_tokens_total fell from 500 to 20" in why and det.restarts == 1
 
 
+async def test_overlapping_samples_are_applied_in_the_order_the_server_answered() -> None:
+    """A quiesce probe samples the server while the scheduled sample may be in flight. The first scrape
+    is read by the server (its counter at 100) and answered late; the second is read at 101 and answered
+    at once. Applied in that order (the second first), the counter would fall from 101 to 100: a restart
+    that never happened (seen: a stationary simulator paged SoakdServerRestarted on a busy machine). The
+    runner takes one sample at a time."""
+    import asyncio
+    import re
+
+    body = fixture("vllm_v1")
+    reads = 0
+    inside = asyncio.Event()
+
+    async def metrics(_: web.Request) -> web.Response:
+        nonlocal reads
+        reads += 1
+        n = reads
+        text = re.sub(r"^(vllm:generation_tokens_total\{engine=\"0\".*\}) \S+$", rf"\g<1> {99 + n}", body,
+                      flags=re.M)
+        if n == 1:
+            inside.set()
+            await asyncio.sleep(0.5)  # the first answer comes late
+        return web.Response(text=text, headers={"Content-Type": PLAIN})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = runner.addresses[0][1]
+    sampler = ServerSampler(ServerSamplerConfig(), f"http://127.0.0.1:{port}/v1")
+    sampled = SamplerRunner(sampler, interval=2.0, timeout=10.0)
+    try:
+        first = asyncio.create_task(sampled.run_once())  # the scheduled sample
+        await asyncio.wait_for(inside.wait(), 10)
+        assert await sampled.run_once()  # the probe's, while the first is in flight
+        assert await first
+        assert reads == 2 and sampler.restarts.restarts == 0
+        got = as_dict(list(sampled.snapshot.series))  # type: ignore[union-attr]
+        assert got[("soakd_server_generation_tokens_total", ())] == 101 + 19968  # the later reading is kept
+    finally:
+        await sampler.aclose()
+        await runner.cleanup()
+
+
 async def test_a_slow_server_times_out_with_a_clear_error() -> None:
     import asyncio
 
