@@ -358,16 +358,23 @@ def _demo_episodes(cfg: SoakConfig, sim: dict[str, Any]) -> None:
         load = dev["power_per_request_watts"] * min(cfg.load.effective_concurrency if cfg.load.closed_loop else 16,
                                                     sim["max_batch"])
         cap = min(dev["idle_power_watts"] + max(10.0, load / 2), dev["power_limit_watts"] - 1)
-        cap_at = max(length * 2 / 3, thermal_at + thermal_len + window) if fits else length * 2 / 3
+        # after the thermal episode as it will run (the user's own, when set)
+        t_at, t_len = faults["thermal_throttle_at"], faults.get("thermal_throttle_duration") or thermal_len
+        t_at = parse_duration(t_at) if isinstance(t_at, str) else float(t_at)
+        t_len = parse_duration(t_len) if isinstance(t_len, str) else float(t_len)
+        cap_at = max(length * 2 / 3, t_at + t_len + window) if t_at + t_len + window + cap_len <= length \
+            else length * 2 / 3
         faults.update(power_cap_at=round(cap_at, 3), power_cap_duration=round(cap_len, 3),
                       power_cap_watts=round(cap, 1))
 
 
 class _EpisodeAnchor:
-    """The demo's episodes (faults.*_at) count from the soak's start, not the simulator's: the first request
-    record moves the simulated devices' start to the moment that request was sent (the timeline's start:
-    the load begins with it). Starting the soak (the target check, NVML, the state, the web server) takes
-    seconds on a busy machine (seen: 15 s, which put an episode meant for after the pool into it)."""
+    """The demo's thermal and power-cap episodes (``faults.thermal_throttle_at``, ``faults.power_cap_at``,
+    the simulated device's) count from the soak's start, not the simulator's: the first finished request
+    moves the simulated devices' start to the moment it was sent (the load's start, within one request:
+    the demo's closed loop sends its first requests at once). Starting the soak (the target check, NVML,
+    the state, the web server) takes seconds on a busy machine (seen: 15 s, which put an episode meant for
+    after the pool into it). The model's faults (latency steps, freezes, restarts) count from its start."""
 
     def __init__(self, devices: list[Any]) -> None:
         self.devices: list[Any] | None = devices
@@ -377,7 +384,8 @@ class _EpisodeAnchor:
             return
         ago = max(0.0, (time.perf_counter_ns() - rec.t_start_ns) / 1e9) if rec.t_start_ns else 0.0
         for dev in self.devices:
-            dev.started = dev.clock() - ago
+            with dev._lock:  # the NVML worker reads it in _advance
+                dev.started = dev.clock() - ago
         self.devices = None
 
 

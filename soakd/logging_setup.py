@@ -232,13 +232,17 @@ class LogWriter:
         self._unreported += n
 
     def close(self, timeout: float = 1.0) -> None:
-        """Write what is queued (up to ``timeout`` seconds) and end the thread."""
-        self.drain(timeout)
+        """Write what is queued (up to ``timeout`` seconds) and end the thread. The sink's descriptor is
+        closed only once the thread has ended: closed under a write it would fail (or, its number reused
+        by the next open, land the line in some other file)."""
+        drained = self.drain(timeout)
         try:
             self._queue.put_nowait(_STOP)
         except queue.Full:
             pass
-        self.sink.close()
+        self._thread.join(0.5 if drained else 0.0)
+        if not self._thread.is_alive():
+            self.sink.close()
 
     def drain(self, timeout: float) -> bool:
         """Wait until every queued line is written (or ``timeout`` seconds): True when it was."""

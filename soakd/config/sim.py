@@ -167,7 +167,7 @@ class SimFaults(BaseModel):
         None,
         description=(
             "Simulated GPU: a thermal-throttling episode starts this long after the simulator "
-            "started (simulated restarts do not reset it), e.g. '10m'. During it the cooling "
+            "started (in soakd demo: after the soak's first request; simulated restarts do not reset it), e.g. '10m'. During it the cooling "
             "cannot keep up: the temperature climbs towards device.slowdown_celsius, the "
             "clocks-event reason sw_thermal is set (and hw_thermal when the clock ratio is 0.5 or "
             "less), the thermal violation counter runs, the SM clock drops to "
@@ -190,8 +190,8 @@ class SimFaults(BaseModel):
     power_cap_at: Duration | None = Field(
         None,
         description=(
-            "Simulated GPU: a power-capping episode starts this long after the simulator started, "
-            "e.g. '20m'. During it the enforced power limit is power_cap_watts (the configured "
+            "Simulated GPU: a power-capping episode starts this long after the simulator started "
+            "(in soakd demo: after the soak's first request), e.g. '20m'. During it the enforced power limit is power_cap_watts (the configured "
             "management limit is unchanged, as when a rack power manager caps the GPU); whenever "
             "the load would draw more, the power is held at the cap, sw_power_cap is set, the "
             "power violation counter runs and the SM clock (and so the latency) scales down to "

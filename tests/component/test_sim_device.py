@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import json
 import math
+import threading
 from typing import Any
 
 import aiohttp
@@ -344,6 +345,13 @@ def test_demo_episodes_schedule_a_throttle_and_a_cap_that_binds() -> None:
     _demo_episodes(cfg, data)
     f = SimConfig.model_validate(data).faults
     assert (f.thermal_throttle_at, f.power_cap_at) == (53, 100)
+    # a thermal episode of the user's: the cap comes a window after it ends
+    cfg = load_config(None, {"run": {"duration": 180, "window": 20, "warmup": 10},
+                             "sim": {"faults": {"thermal_throttle_at": "100s", "thermal_throttle_duration": "40s"}}},
+                      environ={})  # fmt: skip
+    data = cfg.sim.model_dump()
+    _demo_episodes(cfg, data)
+    assert SimConfig.model_validate(data).faults.power_cap_at == 160
     # what the user scheduled is kept
     cfg = load_config(None, {"sim": {"faults": {"thermal_throttle_at": "5s"}}}, environ={})
     data = cfg.sim.model_dump()
@@ -362,6 +370,7 @@ def test_the_demo_counts_its_episodes_from_the_first_request() -> None:
     class Dev:
         def __init__(self) -> None:
             self.now, self.started = 100.0, 0.0
+            self._lock = threading.Lock()
 
         def clock(self) -> float:
             return self.now
@@ -380,6 +389,14 @@ def test_the_demo_counts_its_episodes_from_the_first_request() -> None:
         d.now = 500.0
     anchor(rec)
     assert [d.started for d in devs] == first
+    # a real simulated GPU: its thermal episode (20 s after its start, 30 s long) moves with it
+    clock, _, device = rig(faults={"thermal_throttle_at": 20, "thermal_throttle_duration": 30})
+    clock.t += 15.0  # the soak took 15 s to start
+    assert device.thermal_throttled(clock.t + 10)  # unanchored: the episode would begin 5 s into the soak
+    rec.t_start_ns = time.perf_counter_ns()
+    _EpisodeAnchor([device])(rec)
+    assert not device.thermal_throttled(clock.t + 10) and device.thermal_throttled(clock.t + 25)
+    assert not device.thermal_throttled(clock.t + 51)
 
 # ---- the exposition and the samplers
 

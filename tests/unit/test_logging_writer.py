@@ -81,7 +81,7 @@ def test_a_pipe_nobody_reads_drops_and_counts_instead_of_blocking() -> None:
         rest += _read_all(r)
         if b"again" in rest and out.drain(0.05):
             break
-    assert b"again" in rest and out.drain(0)
+    assert b"again" in rest and out.drain(5)  # (drain can see the backlog flag a moment before the thread clears it)
     assert b"log_lines_dropped" not in rest
     # the writer's thread ends before the pipe does: a thread left writing into this pipe after its
     # reader is closed would say "stdout is gone" on stderr during whatever test runs next
