@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from structlog.testing import capture_logs
 
+from helpers import serving as app_serving
 from soakd.config import ServerSamplerConfig
 from soakd.metrics import BY_NAME
 from soakd.core.series import Series
@@ -646,23 +647,19 @@ async def test_overlapping_samples_are_applied_in_the_order_the_server_answered(
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    port = runner.addresses[0][1]
-    sampler = ServerSampler(ServerSamplerConfig(), f"http://127.0.0.1:{port}/v1")
-    sampled = SamplerRunner(sampler, interval=2.0, timeout=10.0)
-    try:
-        first = asyncio.create_task(sampled.run_once())  # the scheduled sample
-        await asyncio.wait_for(inside.wait(), 10)
-        assert await sampled.run_once()  # the probe's, while the first is in flight
-        assert await first
-        assert reads == 2 and sampler.restarts.restarts == 0
-        got = as_dict(list(sampled.snapshot.series))  # type: ignore[union-attr]
-        assert got[("soakd_server_generation_tokens_total", ())] == 101 + 19968  # the later reading is kept
-    finally:
-        await sampler.aclose()
-        await runner.cleanup()
+    async with app_serving(app) as port:
+        sampler = ServerSampler(ServerSamplerConfig(), f"http://127.0.0.1:{port}/v1")
+        sampled = SamplerRunner(sampler, interval=2.0, timeout=10.0)
+        try:
+            first = asyncio.create_task(sampled.run_once())  # the scheduled sample
+            await asyncio.wait_for(inside.wait(), 10)
+            assert await sampled.run_once()  # the probe's, while the first is in flight
+            assert await first
+            assert reads == 2 and sampler.restarts.restarts == 0
+            got = as_dict(list(sampled.snapshot.series))  # type: ignore[union-attr]
+            assert got[("soakd_server_generation_tokens_total", ())] == 101 + 19968  # the later reading is kept
+        finally:
+            await sampler.aclose()
 
 
 async def test_a_slow_server_times_out_with_a_clear_error() -> None:
@@ -678,15 +675,11 @@ async def test_a_slow_server_times_out_with_a_clear_error() -> None:
 
     app = web.Application()
     app.router.add_get("/metrics", slow)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    port = runner.addresses[0][1]
-    scraper = Scraper(timeout=aiohttp.ClientTimeout(total=0.2))
-    try:
-        with pytest.raises(ScrapeError, match=r"GET http://127\.0\.0\.1:\d+/metrics timed out \(limit 0\.2s\)"):
-            await scraper.scrape(f"http://127.0.0.1:{port}/metrics")
-    finally:
-        release.set()
-        await scraper.aclose()
-        await runner.cleanup()
+    async with app_serving(app) as port:
+        scraper = Scraper(timeout=aiohttp.ClientTimeout(total=0.2))
+        try:
+            with pytest.raises(ScrapeError, match=r"GET http://127\.0\.0\.1:\d+/metrics timed out \(limit 0\.2s\)"):
+                await scraper.scrape(f"http://127.0.0.1:{port}/metrics")
+        finally:
+            release.set()
+            await scraper.aclose()
