@@ -358,12 +358,9 @@ def _demo_episodes(cfg: SoakConfig, sim: dict[str, Any]) -> None:
         load = dev["power_per_request_watts"] * min(cfg.load.effective_concurrency if cfg.load.closed_loop else 16,
                                                     sim["max_batch"])
         cap = min(dev["idle_power_watts"] + max(10.0, load / 2), dev["power_limit_watts"] - 1)
-        # after the thermal episode as it will run (the user's own, when set)
-        t_at, t_len = faults["thermal_throttle_at"], faults.get("thermal_throttle_duration") or thermal_len
-        t_at = parse_duration(t_at) if isinstance(t_at, str) else float(t_at)
-        t_len = parse_duration(t_len) if isinstance(t_len, str) else float(t_len)
-        cap_at = max(length * 2 / 3, t_at + t_len + window) if t_at + t_len + window + cap_len <= length \
-            else length * 2 / 3
+        # a window after the thermal episode as it will run (the user's own, when set; durations are seconds here)
+        after_thermal = faults["thermal_throttle_at"] + faults["thermal_throttle_duration"] + window
+        cap_at = max(length * 2 / 3, after_thermal) if after_thermal + cap_len <= length else length * 2 / 3
         faults.update(power_cap_at=round(cap_at, 3), power_cap_duration=round(cap_len, 3),
                       power_cap_watts=round(cap, 1))
 

@@ -263,6 +263,11 @@ def _mad_sigma(d: list[float]) -> float:
     return 1.4826 * statistics.median(abs(x - med) for x in d)
 
 
+def _sustained_start(n: int, cfg: LeakConfig) -> int:
+    """The first reading of the judged part of ``n``: ``sustained_from`` of them, floored (1/3 gives n // 3)."""
+    return int(n * cfg.sustained_from + 1e-9)
+
+
 def memory_pattern(source: str, pts: list[tuple[float, float]], cfg: LeakConfig, *, total: float | None = None,
                    points: str = "windows") -> LeakResult:
     """Classify a memory series ``(t_unix, bytes)`` and judge its sustained part.
@@ -325,7 +330,7 @@ def memory_pattern(source: str, pts: list[tuple[float, float]], cfg: LeakConfig,
     elif len(steps) >= 2:
         return _staircase(xs, ys, steps, sorted(ups), cfg, total, common)
     else:
-        start = int(n * cfg.sustained_from + 1e-9)
+        start = _sustained_start(n, cfg)
         if steps:
             start = max(start, steps[-1] + 1)
         jx, jy = xs[start:], ys[start:]
@@ -390,7 +395,7 @@ def _staircase(xs: list[float], ys: list[float], steps: list[int], ups: list[int
       **staircase**: not suspected, named ``memory steps`` by the diagnosis when KV usage is flat.
     """
     n = len(xs)
-    s0 = int(n * cfg.sustained_from + 1e-9)
+    s0 = _sustained_start(n, cfg)
     blocks, a = [], s0
     for i in ups:
         if i >= s0:
