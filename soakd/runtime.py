@@ -57,7 +57,7 @@ from soakd.soak.target import resolve_model
 from soakd.soak.telemetry import TelemetryRouter
 from soakd.soak.windows import WindowSet
 from soakd.web import Heartbeat, WebServer, build_app
-from soakd.workload.scenarios import resolve_all
+from soakd.workload.scenarios import resolve_all, trace_log_fields, with_trace_arrivals
 from soakd.workload.workload import Workload
 
 log = structlog.get_logger("soakd")
@@ -100,6 +100,7 @@ class Runtime:
         baseline = (read_baseline(config.analysis.baseline, config.analysis.drift.min_requests)
                     if config.analysis.baseline is not None else None)
         self.scenarios = resolve_all(config)
+        config = self.config = with_trace_arrivals(config, self.scenarios)
         slos = config.slos()
         self.slos = {name: (slo.ttft, slo.itl, slo.e2e) for name, slo in slos.items()}
         objectives = {name: slo.quantile for name, slo in slos.items()}
@@ -360,10 +361,10 @@ class Runtime:
         if self._stop_requested.is_set():
             driver.stop(self.stop_reason)
         self.status.phase = "warmup" if cfg.run.warmup > 0 else "running"
-        log.info("load_started", model=model, scenarios=list(self.scenarios),
-                 mode="closed" if cfg.load.closed_loop else "open",
-                 concurrency=cfg.load.effective_concurrency if cfg.load.closed_loop else None,
-                 rate=cfg.load.rate, duration=duration, window=cfg.run.window, warmup=cfg.run.warmup)
+        closed = cfg.load.closed_loop
+        log.info("load_started", model=model, scenarios=list(self.scenarios), mode="closed" if closed else "open",
+                 concurrency=cfg.load.effective_concurrency if closed else None, rate=cfg.load.rate, duration=duration,
+                 window=cfg.run.window, warmup=cfg.run.warmup, **trace_log_fields(self.scenarios, cfg.load))
 
     async def _finish(self, reason: str) -> RunOutcome:
         """The last windows, the verdict, the end of the segment (and of the run), the reports."""

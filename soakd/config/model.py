@@ -143,12 +143,25 @@ class NamedTargetConfig(TargetConfig):
 
 
 class SourceConfig(_Model):
-    type: Literal["synthetic", "jsonl", "sharegpt"] = Field(
+    type: Literal["synthetic", "jsonl", "sharegpt", "trace"] = Field(
         "synthetic",
         description="synthetic: deterministic prompts from the seed; jsonl: one OpenAI messages list per line; "
-        "sharegpt: a ShareGPT JSON file (conversations of from/value).",
+        "sharegpt: a ShareGPT JSON file (conversations of from/value); trace: replay a trace file (its requests, "
+        "lengths and arrival times; the scenario must be the mix's only one).",
     )
-    path: Path | None = Field(None, description="Dataset file for jsonl/sharegpt.")
+    path: Path | None = Field(None, description="Dataset or trace file for jsonl/sharegpt/trace.")
+    format: Literal["mooncake", "burstgpt", "conversations"] | None = Field(
+        None, description="trace: mooncake (Mooncake/AIPerf JSONL: timestamp ms, input_length, output_length, "
+        "hash_ids), burstgpt (BurstGPT CSV), conversations (JSONL of ShareGPT conversations or OpenAI messages, "
+        "replayed turn by turn). Default: from the file (.csv: burstgpt; else the first line's fields).",
+    )
+    speedup: float = Field(
+        1.0, gt=0, description="trace: replay the timestamps this many times faster (load.rate instead: the "
+        "trace's shape at that mean rate; load.concurrency: closed loop in the trace's order).",
+    )
+    block_size: int = Field(
+        512, ge=1, le=1_000_000, description="trace, mooncake: tokens per hash id (Mooncake and AIPerf use 512).",
+    )
 
     @model_validator(mode="after")
     def _path(self) -> "SourceConfig":
@@ -230,7 +243,10 @@ class LoadConfig(_Model):
         None, ge=1, le=100_000, description="Closed loop: this many requests always in flight. Default 8."
     )
     rate: float | None = Field(None, gt=0, description="Open loop: requests per second (instead of concurrency).")
-    arrival: Literal["poisson", "constant"] = Field("poisson", description="Open-loop arrival process.")
+    arrival: Literal["poisson", "constant", "trace"] = Field(
+        "poisson", description="Open-loop arrival process; trace: the trace scenario's timestamps (the default "
+        "when the mix replays a trace with timestamps and concurrency is not set; with rate: its shape at that "
+        "mean rate).")
     max_in_flight: int = Field(
         1024, ge=1, description="Open loop: cap on requests in flight; sends beyond it are counted as late."
     )
@@ -292,6 +308,10 @@ class LoadConfig(_Model):
                 f"set either concurrency (closed loop) or rate (open loop), not both "
                 f"(got concurrency={self.concurrency}, rate={self.rate})"
             )
+        if self.concurrency is not None and self.arrival == "trace":
+            raise ValueError(f"arrival: trace replays the trace's timestamps (an open loop): leave concurrency "
+                             f"unset (got concurrency={self.concurrency}), or drop arrival to replay the trace "
+                             "in its order at that concurrency")
         return self
 
     @field_validator("mix")
@@ -310,7 +330,7 @@ class LoadConfig(_Model):
 
     @property
     def closed_loop(self) -> bool:
-        return self.rate is None
+        return self.rate is None and self.arrival != "trace"
 
     @property
     def effective_concurrency(self) -> int:

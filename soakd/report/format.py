@@ -58,6 +58,8 @@ def load_text(load: ReportLoad) -> str:
     mix_s = ", ".join(f"{k}={v:g}" if isinstance(v, int | float) else f"{k}={v}" for k, v in mix.items()) or "-"
     if load.concurrency is not None:
         head = f"closed loop, concurrency {load.concurrency}"
+    elif load.arrival == "trace":
+        head = "trace replay, " + (f"its shape at {load.rate} req/s" if load.rate is not None else "its timestamps")
     elif load.rate is None:
         return "-"
     else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Iterator
 
 import structlog
 
@@ -17,6 +18,7 @@ from soakd.core.records import Outcome, RequestRecord
 from soakd.core.timeline import SYSTEM_CLOCK, Clock, Timeline
 from soakd.soak.recorder import Recorder
 from soakd.workload.arrivals import arrivals
+from soakd.workload.trace import TraceArrival, time_scale, trace_arrivals
 from soakd.workload.workload import PlannedRequest, Workload
 
 log = structlog.get_logger("soakd.driver")
@@ -128,9 +130,9 @@ class LoadDriver:
                 self.workload.finish_turn(planned, rec.ok, rec.text)
         return rec
 
-    async def _unit(self, window: int) -> bool:
+    async def _unit(self, window: int, arrival: TraceArrival | None = None) -> bool:
         """Run one unit; True when a request of it failed (the closed loop backs off)."""
-        unit = self.workload.next_unit(window)  # warm-up (-1) has its own stratum
+        unit = self.workload.next_unit(window, arrival)  # warm-up (-1) has its own stratum
         take = len(unit)
         if self.max_requests is not None:
             take = min(take, self.max_requests - self.issued)
@@ -143,6 +145,18 @@ class LoadDriver:
             self.stop("max_requests")
         if take == 1:
             return _failed(await self._one(unit[0], window))
+        if unit[1].after_previous:  # a replayed conversation: turn by turn, each in the window it is sent in
+            for k, planned in enumerate(unit):
+                if k:
+                    await self._wait_running()
+                    if self._stop.is_set():
+                        self.issued -= len(unit) - k  # never sent
+                        return False
+                    window = self.timeline.window_at(self.clock.monotonic())
+                if _failed(await self._one(planned, window)):
+                    self.issued -= len(unit) - k - 1
+                    return True
+            return False
         recs = await asyncio.gather(*(self._one(p, window) for p in unit))
         return any(map(_failed, recs))
 
@@ -182,7 +196,7 @@ class LoadDriver:
         try:
             # rate is requests per second; a burst is one arrival of burst_size requests
             unit_rate = float(self.load.rate or 1.0) / self.workload.requests_per_unit
-            for t in arrivals(self.load.arrival, unit_rate, tl.start, self.seed):
+            for t, arrival in self._arrivals(unit_rate):
                 if t >= tl.end:
                     self.stop("duration")
                     break
@@ -211,15 +225,32 @@ class LoadDriver:
                 now = self.clock.monotonic()
                 if now - t > LATE_THRESHOLD:
                     late.inc(())
-                task = loop.create_task(self._unit_released(tl.window_at(now), slots))
+                task = loop.create_task(self._unit_released(tl.window_at(now), slots, arrival))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
+            else:  # a trace's arrivals end before the run does (its last pass): the run still lasts its duration
+                if not self._stop.is_set() and self.load.arrival == "trace":
+                    await asyncio.wait((stop_wait,), timeout=max(0.0, tl.end - self.clock.monotonic()))
+                    self.stop("duration")
         finally:
             stop_wait.cancel()
 
-    async def _unit_released(self, window: int, slots: asyncio.Semaphore) -> None:
+    def _arrivals(self, unit_rate: float) -> Iterator[tuple[float, TraceArrival | None]]:
+        """Send times: the arrival process's, or the trace's (its timestamps, or its shape at the rate)."""
+        trace = self.workload.trace
+        if self.load.arrival == "trace" and trace is not None and trace.timed:
+            sc = self.workload.trace_scenario
+            scale = time_scale(trace, sc.speedup if sc is not None else 1.0, self.load.rate)
+            for a in trace_arrivals(trace, self.timeline, scale):
+                yield a.t, a
+            return
+        kind = "poisson" if self.load.arrival == "trace" else self.load.arrival
+        for t in arrivals(kind, unit_rate, self.timeline.start, self.seed):
+            yield t, None
+
+    async def _unit_released(self, window: int, slots: asyncio.Semaphore, arrival: TraceArrival | None = None) -> None:
         try:
-            await self._unit(window)
+            await self._unit(window, arrival)
         finally:
             slots.release()
 

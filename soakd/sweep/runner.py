@@ -36,7 +36,7 @@ from soakd.soak.windows import WindowSet
 from soakd.store import RunStore, StoreError
 from soakd.sweep.plan import STOP_REASONS, Decision, Step, decide, step_of
 from soakd.web import Heartbeat, WebServer, build_app
-from soakd.workload.scenarios import resolve_all
+from soakd.workload.scenarios import resolve_all, with_trace_arrivals
 from soakd.workload.workload import Workload
 
 log = structlog.get_logger("soakd.sweep")
@@ -100,10 +100,10 @@ class SweepOutcome:
 
 class SweepRunner:
     def __init__(self, config: SoakConfig, *, clock: Clock = SYSTEM_CLOCK) -> None:
-        self.config = config
         self.clock = clock
         self.api_key = config.api_key()
         self.scenarios = resolve_all(config)
+        config = self.config = with_trace_arrivals(config, self.scenarios)
         self.levels = config.sweep_levels()
         self.mode = "concurrency" if config.load.closed_loop else "rate"
         slos = config.slos()

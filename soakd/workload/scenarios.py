@@ -10,8 +10,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from soakd.config import ConfigError, ScenarioConfig, SoakConfig
+from soakd.config import ConfigError, LoadConfig, ScenarioConfig, SoakConfig
 from soakd.workload.corpus import Corpus, code_prompt
+from soakd.workload.trace import load_trace, replay_text
 
 CHAT_TEMPLATE_OVERHEAD = 8
 """Tokens a chat template adds around one user message (Llama-3 ≈ 10, Qwen ≈ 9, the simulator 0+).
@@ -37,6 +38,9 @@ class Scenario:
     structure_check: str = "none"
     source_type: str = "synthetic"
     source_path: Path | None = None
+    source_format: str | None = None  # trace: mooncake, burstgpt, conversations (None: from the file)
+    speedup: float = 1.0  # trace: replay this many times faster
+    block_size: int = 512  # trace, mooncake: tokens per hash id
 
 
 BUILTIN: dict[str, Scenario] = {
@@ -64,6 +68,9 @@ def resolve(name: str, cfg: ScenarioConfig | None) -> Scenario:
     if cfg.source is not None:
         updates["source_type"] = cfg.source.type
         updates["source_path"] = cfg.source.path
+        updates["source_format"] = cfg.source.format
+        updates["speedup"] = cfg.source.speedup
+        updates["block_size"] = cfg.source.block_size
     return replace(sc, **updates)
 
 
@@ -80,13 +87,41 @@ def resolve_all(config: SoakConfig) -> dict[str, Scenario]:
                 errors.append(f"scenarios.{name}.source.path: file {sc.source_path} does not exist")
             else:
                 try:  # read and check it now, before any load: a bad line fails the start, not hour 3
-                    load_dataset(sc.source_path, sc.source_type)
+                    if sc.source_type == "trace":
+                        load_trace(sc.source_path, sc.source_format)
+                    else:
+                        load_dataset(sc.source_path, sc.source_type)
                 except ConfigError as exc:
                     errors.extend(f"scenarios.{name}.source.path: {e}" for e in exc.errors)
         out[name] = sc
+    traces = [n for n, sc in out.items() if sc.source_type == "trace"]
+    if traces and len(out) > 1:
+        errors.append(f"load.mix: scenario {traces[0]!r} replays a trace, which sets the traffic itself: it must be "
+                      f"the mix's only scenario (the mix has {', '.join(sorted(out))})")
     if errors:
         raise ConfigError(errors)
     return out
+
+
+def with_trace_arrivals(config: SoakConfig, scenarios: dict[str, Scenario]) -> SoakConfig:
+    """The configuration with the load a trace scenario implies: a trace with timestamps and no
+    ``load.concurrency`` replays its timestamps (``load.arrival: trace``; with ``load.rate``, its shape at that
+    mean rate). ``arrival: trace`` without a trace with timestamps is an error."""
+    trace = next((sc for sc in scenarios.values() if sc.source_type == "trace" and sc.source_path is not None), None)
+    timed = trace is not None and load_trace(trace.source_path, trace.source_format).timed  # type: ignore[arg-type]
+    load = config.load
+    if load.arrival == "trace" and not timed:
+        what = "no trace scenario" if trace is None else f"trace {trace.source_path} has no timestamps"
+        raise ConfigError([f"load.arrival: trace needs a trace scenario with timestamps ({what}); set load.rate "
+                           "or load.concurrency instead"])
+    if timed and load.concurrency is None and load.arrival != "trace":
+        return config.model_copy(update={"load": load.model_copy(update={"arrival": "trace"})})
+    return config
+
+
+def trace_log_fields(scenarios: dict[str, Scenario], load: LoadConfig) -> dict[str, str]:
+    """For the log line that starts the load: what one pass of a replayed trace sends ({} without one)."""
+    return {"arrival": "trace", "trace": replay_text(scenarios, load.rate)} if load.arrival == "trace" else {}
 
 
 # ---- prompt sources --------------------------------------------------------------------------
@@ -175,7 +210,7 @@ class PromptSource:
         self.dataset: list[list[dict[str, str]]] | None = None
         self._order: list[int] = []
         self._pos = 0
-        if scenario.source_type != "synthetic" and scenario.source_path is not None:
+        if scenario.source_type not in ("synthetic", "trace") and scenario.source_path is not None:
             self.dataset = load_dataset(scenario.source_path, scenario.source_type)
             self._order = list(range(len(self.dataset)))
             self.rng.shuffle(self._order)

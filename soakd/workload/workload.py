@@ -8,6 +8,7 @@ from typing import Any
 from soakd.workload.corpus import Corpus, estimate_tokens
 from soakd.workload.mix import StratifiedMix
 from soakd.workload.scenarios import CHAT_MESSAGE_OVERHEAD, CHAT_TEMPLATE_OVERHEAD, PromptSource, Scenario
+from soakd.workload.trace import Trace, TraceArrival, TracePrompts, load_trace
 
 
 @dataclass
@@ -26,6 +27,7 @@ class PlannedRequest:
     expected_prompt_tokens: int
     max_tokens: int
     conversation: Conversation | None = None
+    after_previous: bool = False  # sent when the unit's previous request succeeded (a replayed conversation)
 
 
 class Workload:
@@ -45,8 +47,25 @@ class Workload:
         corpus = corpus or Corpus(seed)
         self.sources = {name: PromptSource(sc, corpus, seed) for name, sc in scenarios.items()}
         self._idle_conversations: dict[str, list[Conversation]] = {n: [] for n in scenarios}
+        self.trace: Trace | None = None
+        self.trace_scenario: Scenario | None = None
+        for sc in scenarios.values():
+            if sc.source_type == "trace" and sc.source_path is not None and weights.get(sc.name, 0) > 0:
+                self.trace = load_trace(sc.source_path, sc.source_format)
+                self.trace_scenario = sc
+                self._prompts = TracePrompts(corpus, seed, sc.block_size)
+                self.requests_per_unit = self.trace.requests / len(self.trace.entries)
+        self._trace_window: int | None = None
+        self._trace_next = 0
+        self._trace_pass = -1
 
-    def next_unit(self, window: int = 0) -> list[PlannedRequest]:
+    def next_unit(self, window: int = 0, arrival: TraceArrival | None = None) -> list[PlannedRequest]:
+        """The next unit of the mix; a trace's: the entry ``arrival`` names, or (closed loop, a trace without
+        timestamps) the next one in the trace's order, which every window restarts."""
+        if self.trace is not None:
+            if arrival is None:
+                arrival = self._next_in_order(window)
+            return self._trace_unit(arrival)
         name = self.mix.next(window)
         sc = self.scenarios[name]
         if sc.base == "batch_burst":
@@ -54,6 +73,33 @@ class Workload:
         if sc.base == "multi_turn" or sc.turns > 1:
             return [self._turn(sc)]
         return [self._single(sc)]
+
+    # ---- trace replay
+    def _next_in_order(self, window: int) -> TraceArrival:
+        assert self.trace is not None
+        n = len(self.trace.entries)
+        if window != self._trace_window or self._trace_next >= n:
+            self._trace_window = window
+            self._trace_next = 0
+            self._trace_pass += 1
+        i = self._trace_next
+        self._trace_next += 1
+        return TraceArrival(0.0, i, self._trace_pass)
+
+    def _trace_unit(self, arrival: TraceArrival) -> list[PlannedRequest]:
+        assert self.trace is not None and self.trace_scenario is not None
+        sc = self.trace_scenario
+        entry = self.trace.entries[arrival.index]
+        if entry.messages:
+            out = []
+            for k, (messages, reply_tokens) in enumerate(entry.turns()):
+                mt = reply_tokens if reply_tokens is not None else self.sources[sc.name].max_tokens()
+                out.append(PlannedRequest(sc, self._body(sc, messages, mt), 0, mt, after_previous=k > 0))
+            return out
+        overhead = CHAT_TEMPLATE_OVERHEAD if sc.endpoint == "chat" else 0
+        text = self._prompts.text(entry, arrival.index, arrival.pass_no, overhead)
+        body = self._body(sc, [{"role": "user", "content": text}], entry.output_length)
+        return [PlannedRequest(sc, body, entry.input_length, entry.output_length)]
 
     # ---- bodies
     def _body(self, sc: Scenario, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:

@@ -32,6 +32,12 @@ pytestmark = pytest.mark.timeout(60)
         ([], "load:\n  mix: {mine: 1}\nscenarios:\n  mine:\n    like: short_chat\n"
              "    source: {type: sharegpt, path: /nonexistent/sharegpt.json}\n",
          ["scenarios.mine.source.path", "/nonexistent/sharegpt.json"]),
+        ([], "load:\n  mix: {replay: 1, short_chat: 1}\nscenarios:\n  replay:\n"
+             "    source: {type: trace, path: examples/traces/burstgpt.csv}\n",
+         ["load.mix: scenario 'replay' replays a trace", "only scenario"]),
+        ([], "load:\n  mix: {replay: 1}\nscenarios:\n  replay:\n"
+             "    source: {type: trace, path: tests/fixtures/trace_bad_line.jsonl}\n",
+         ["scenarios.replay.source.path", "line 3", "'output_length'"]),
         (["--api-key-env", "SOAKD_TEST_UNSET_KEY"], None, ["target.api_key_env", "SOAKD_TEST_UNSET_KEY"]),
     ],
 )

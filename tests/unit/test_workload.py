@@ -144,9 +144,9 @@ async def test_driver_keeps_warmup_out_of_window_zero_stratum() -> None:
         asked: list[int] = []
         next_unit = wl.next_unit
 
-        def spy(window: int = 0) -> list:
+        def spy(window: int = 0, arrival: object = None) -> list:
             asked.append(window)
-            return next_unit(window)
+            return next_unit(window, arrival)
 
         wl.next_unit = spy  # type: ignore[method-assign]
         client = OpenAIClient(TargetConfig(url=sim.base_url))
