@@ -170,6 +170,16 @@ class SourceConfig(_Model):
         return self
 
 
+class SharedPrefixConfig(_Model):
+    """Shared system prompts or documents: a share of the scenario's requests start with one of ``count``
+    prefixes of ``tokens`` tokens each (the same ones all run long, as a deployment's system prompts are),
+    followed by the scenario's own prompt. What a server's prefix cache is for."""
+
+    count: int = Field(4, ge=1, le=10_000, description="How many distinct shared prefixes.")
+    tokens: int = Field(1024, ge=1, le=1_000_000, description="Length of each shared prefix, in tokens.")
+    share: float = Field(1.0, gt=0, le=1, description="The share of requests that start with one (picked at random).")
+
+
 class SloConfig(_Model):
     """Service-level objectives of one scenario. A request meets them when it succeeded and each
     bound given holds: its time to first token, its mean inter-token gap (what ``vllm bench
@@ -212,6 +222,11 @@ class ScenarioConfig(_Model):
         None, description="code_completion: check the output's structure (off by default; random weights fail it)."
     )
     source: SourceConfig | None = None
+    shared_prefix: SharedPrefixConfig | None = Field(
+        None, description="Shared prefixes: {count: 4, tokens: 1024, share: 1.0}: a share of requests start with "
+        "one of count shared system prompts of that many tokens (chat: a system message; completions: the "
+        "prompt's start); prompt_tokens is the rest. Not with a trace source (the trace says what is shared).",
+    )
     slo: SloConfig | None = Field(
         None, description="Service-level objectives: {ttft: 500ms, itl: 50ms, e2e: 10s, quantile: 0.95}; "
         "per window the share of requests meeting all of them is the goodput (tracked as goodput_ratio).",
@@ -219,6 +234,12 @@ class ScenarioConfig(_Model):
     like: Literal["short_chat", "long_context", "batch_burst", "multi_turn", "code_completion"] | None = Field(
         None, description="For a custom scenario: the built-in one whose defaults it starts from."
     )
+
+    @model_validator(mode="after")
+    def _prefix_not_with_trace(self) -> ScenarioConfig:
+        if self.shared_prefix is not None and self.source is not None and self.source.type == "trace":
+            raise ValueError("shared_prefix does not apply to a trace source: the trace's hash_ids say what is shared")
+        return self
 
     @field_validator("prompt_tokens", "max_tokens", mode="before")
     @classmethod

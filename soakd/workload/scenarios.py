@@ -41,6 +41,7 @@ class Scenario:
     source_format: str | None = None  # trace: mooncake, burstgpt, conversations (None: from the file)
     speedup: float = 1.0  # trace: replay this many times faster
     block_size: int = 512  # trace, mooncake: tokens per hash id
+    shared_prefix: tuple[int, int, float] | None = None  # (count, tokens, share): shared system prompts
 
 
 BUILTIN: dict[str, Scenario] = {
@@ -65,6 +66,9 @@ def resolve(name: str, cfg: ScenarioConfig | None) -> Scenario:
         value = getattr(cfg, key)
         if value is not None:
             updates[key] = value
+    if cfg.shared_prefix is not None:
+        sp = cfg.shared_prefix
+        updates["shared_prefix"] = (sp.count, sp.tokens, sp.share)
     if cfg.source is not None:
         updates["source_type"] = cfg.source.type
         updates["source_path"] = cfg.source.path
@@ -207,6 +211,10 @@ class PromptSource:
         self.sc = scenario
         self.corpus = corpus
         self.rng = random.Random(f"{seed}-{scenario.name}")
+        self.seed = seed
+        self.prefix_rng = random.Random(f"{seed}-{scenario.name}-prefixes")  # apart: prompts stay as without
+        self.prefix_tokens = 0  # the shared prefix of the last messages() (0: none)
+        self._prefixes: dict[int, str] = {}
         self.dataset: list[list[dict[str, str]]] | None = None
         self._order: list[int] = []
         self._pos = 0
@@ -224,6 +232,26 @@ class PromptSource:
         return lo if lo == hi else self.rng.randint(lo, hi)
 
     def messages(self, target_tokens: int) -> list[dict[str, str]]:
+        """The prompt's messages; with shared prefixes, a share of them start with one as a system message
+        (``prefix_tokens``: its length then, else 0)."""
+        msgs = self._messages(target_tokens)
+        self.prefix_tokens = 0
+        sp = self.sc.shared_prefix
+        if sp is not None and (sp[2] >= 1.0 or self.prefix_rng.random() < sp[2]):
+            self.prefix_tokens = sp[1]
+            return [{"role": "system", "content": self._prefix(self.prefix_rng.randrange(sp[0]))}, *msgs]
+        return msgs
+
+    def _prefix(self, i: int) -> str:
+        """Shared prefix ``i``: the same text all run long (seeded by the run's seed, the scenario, ``i``)."""
+        text = self._prefixes.get(i)
+        if text is None:
+            assert self.sc.shared_prefix is not None
+            text = self.corpus.text(random.Random(f"{self.seed}-{self.sc.name}-prefix-{i}"), self.sc.shared_prefix[1])
+            self._prefixes[i] = text
+        return text
+
+    def _messages(self, target_tokens: int) -> list[dict[str, str]]:
         if self.dataset is not None:
             msgs = self.dataset[self._order[self._pos % len(self._order)]]
             self._pos += 1

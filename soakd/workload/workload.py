@@ -120,9 +120,10 @@ class Workload:
         src = self.sources[sc.name]
         n = src.length()
         mt = src.max_tokens()
+        messages = src.messages(n)
         # a dataset prompt has no target length: 0 keeps it out of the prompt-length accuracy
-        expected = n if src.dataset is None else 0
-        return PlannedRequest(sc, self._body(sc, src.messages(n), mt), expected, mt)
+        expected = n + _prefix_tokens(sc, src.prefix_tokens) if src.dataset is None else 0
+        return PlannedRequest(sc, self._body(sc, messages, mt), expected, mt)
 
     def _turn(self, sc: Scenario) -> PlannedRequest:
         src = self.sources[sc.name]
@@ -131,7 +132,7 @@ class Workload:
         n = src.length()
         if conv is None:
             conv = Conversation(sc, messages=list(src.messages(n)))
-            conv.content_tokens = sum(estimate_tokens(m["content"]) for m in conv.messages)
+            conv.content_tokens = sum(estimate_tokens(m["content"]) for m in conv.messages)  # a shared prefix too
         else:
             text = src.turn_text(n)
             conv.messages = conv.messages + [{"role": "user", "content": text}]
@@ -156,3 +157,8 @@ class Workload:
             conv.messages = conv.messages + [{"role": "assistant", "content": reply}]
             conv.content_tokens += estimate_tokens(reply)
             self._idle_conversations[conv.scenario.name].append(conv)
+
+
+def _prefix_tokens(sc: Scenario, tokens: int) -> int:
+    """What a shared prefix adds to a prompt: its tokens, and in a chat request the system message's own."""
+    return tokens + CHAT_MESSAGE_OVERHEAD if tokens and sc.endpoint == "chat" else tokens

@@ -23,7 +23,7 @@ from soakd.soak.windows import WindowSet
 from soakd.workload.arrivals import arrivals, constant, poisson
 from soakd.workload.corpus import Corpus
 from soakd.workload.mix import StratifiedMix
-from soakd.workload.scenarios import BUILTIN, load_dataset, resolve, resolve_all
+from soakd.workload.scenarios import BUILTIN, CHAT_MESSAGE_OVERHEAD, load_dataset, resolve, resolve_all
 from soakd.workload.workload import Workload
 from helpers import FAST_SIM, sim_server
 
@@ -516,3 +516,41 @@ def test_backoff_delay_doubles_from_the_floor_to_the_cap_with_jitter() -> None:
     assert backoff_delay(50, 0.0) == BACKOFF_CAP and backoff_delay(10_000, 0.999) < 1.5 * BACKOFF_CAP
     delays = [backoff_delay(k, 0.5) for k in range(1, 12)]
     assert delays == sorted(delays) and min(delays) >= BACKOFF_FLOOR
+
+
+# ---- shared prefixes (issue 23 item 2) -----------------------------------------------------------------
+
+
+def _prefix_workload(endpoint: str = "chat", **shared: object) -> Workload:
+    cfg = load_config(None, {"load": {"mix": {"docs": 1}}, "scenarios": {"docs": {
+        "like": "short_chat", "endpoint": endpoint, "prompt_tokens": 50, "max_tokens": 8,
+        "shared_prefix": {"count": 3, "tokens": 200, **shared}}}})
+    return Workload(resolve_all(cfg), cfg.load.mix, "m", 0, SMALL_CORPUS)
+
+
+def test_shared_prefixes_are_few_fixed_and_start_the_prompt() -> None:
+    wl = _prefix_workload(share=0.5)
+    units = [wl.next_unit(w)[0] for w in range(4) for _ in range(150)]
+    with_prefix = [u for u in units if u.body["messages"][0]["role"] == "system"]
+    assert 0.4 < len(with_prefix) / len(units) < 0.6
+    prefixes = {u.body["messages"][0]["content"] for u in with_prefix}
+    assert len(prefixes) == 3 and all(len(p.split(" ")) == 200 for p in prefixes)
+    # the same prefixes in every window (a deployment's system prompts), the question after them its own
+    assert {u.body["messages"][0]["content"] for u in with_prefix[-60:]} == prefixes
+    assert len({u.body["messages"][-1]["content"] for u in units}) > 0.95 * len(units)  # (a small test corpus)
+    for u in units:
+        extra = 200 + CHAT_MESSAGE_OVERHEAD if u in with_prefix else 0
+        assert u.expected_prompt_tokens == 50 + extra
+    # the same seed, the same traffic
+    again = _prefix_workload(share=0.5)
+    assert [again.next_unit(w)[0].body for w in range(4) for _ in range(150)] == [u.body for u in units]
+
+
+def test_a_shared_prefix_starts_a_completions_prompt_and_is_refused_with_a_trace() -> None:
+    wl = _prefix_workload("completions")
+    first = [wl.next_unit(0)[0].body["prompt"] for _ in range(30)]
+    heads = {p.split("\n\n")[0] for p in first}
+    assert len(heads) == 3 and all(len(h.split(" ")) == 200 for h in heads)
+    with pytest.raises(ConfigError, match="shared_prefix does not apply to a trace source"):
+        load_config(None, {"load": {"mix": {"r": 1}}, "scenarios": {"r": {
+            "source": {"type": "trace", "path": "examples/traces/mooncake.jsonl"}, "shared_prefix": {"count": 2}}}})
