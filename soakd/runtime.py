@@ -364,7 +364,7 @@ class Runtime:
         closed = cfg.load.closed_loop
         log.info("load_started", model=model, scenarios=list(self.scenarios), mode="closed" if closed else "open",
                  concurrency=cfg.load.effective_concurrency if closed else None, rate=cfg.load.rate, duration=duration,
-                 window=cfg.run.window, warmup=cfg.run.warmup, **trace_log_fields(self.scenarios, cfg.load))
+                 window=cfg.run.window, warmup=cfg.run.warmup, **trace_log_fields(self.scenarios, cfg))
 
     async def _finish(self, reason: str) -> RunOutcome:
         """The last windows, the verdict, the end of the segment (and of the run), the reports."""

@@ -133,6 +133,8 @@ class LoadDriver:
     async def _unit(self, window: int, arrival: TraceArrival | None = None) -> bool:
         """Run one unit; True when a request of it failed (the closed loop backs off)."""
         unit = self.workload.next_unit(window, arrival)  # warm-up (-1) has its own stratum
+        if len(unit) > 1 and unit[1].after_previous:
+            return await self._turns(unit, window)
         take = len(unit)
         if self.max_requests is not None:
             take = min(take, self.max_requests - self.issued)
@@ -145,20 +147,29 @@ class LoadDriver:
             self.stop("max_requests")
         if take == 1:
             return _failed(await self._one(unit[0], window))
-        if unit[1].after_previous:  # a replayed conversation: turn by turn, each in the window it is sent in
-            for k, planned in enumerate(unit):
-                if k:
-                    await self._wait_running()
-                    if self._stop.is_set():
-                        self.issued -= len(unit) - k  # never sent
-                        return False
-                    window = self.timeline.window_at(self.clock.monotonic())
-                if _failed(await self._one(planned, window)):
-                    self.issued -= len(unit) - k - 1
-                    return True
-            return False
         recs = await asyncio.gather(*(self._one(p, window) for p in unit))
         return any(map(_failed, recs))
+
+    async def _turns(self, unit: list[PlannedRequest], window: int) -> bool:
+        """A replayed conversation: turn by turn, each after the previous one answered, each counted against
+        ``max_requests`` when it is sent and in the window it is sent in; none after a failed turn, the stop,
+        or the end of the run."""
+        for k, planned in enumerate(unit):
+            if k:
+                await self._wait_running()
+                now = self.clock.monotonic()
+                if self._stop.is_set() or now >= self.timeline.end:
+                    return False
+                window = self.timeline.window_at(now)
+            if self.max_requests is not None and self.issued >= self.max_requests:
+                self.stop("max_requests")
+                return False
+            self.issued += 1
+            if _failed(await self._one(planned, window)):
+                return True
+        if self.max_requests is not None and self.issued >= self.max_requests:
+            self.stop("max_requests")
+        return False
 
     # ---- loops
     async def _worker(self, index: int = 0) -> None:
@@ -240,7 +251,7 @@ class LoadDriver:
         trace = self.workload.trace
         if self.load.arrival == "trace" and trace is not None and trace.timed:
             sc = self.workload.trace_scenario
-            scale = time_scale(trace, sc.speedup if sc is not None else 1.0, self.load.rate)
+            scale = time_scale(trace, sc.speedup if sc is not None else 1.0, self.load.rate, self.timeline.window)
             for a in trace_arrivals(trace, self.timeline, scale):
                 yield a.t, a
             return

@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from soakd.config import ConfigError, LoadConfig, ScenarioConfig, SoakConfig
+from soakd.config import ConfigError, ScenarioConfig, SoakConfig
 from soakd.workload.corpus import Corpus, code_prompt
 from soakd.workload.trace import load_trace, replay_text
 
@@ -118,14 +118,16 @@ def with_trace_arrivals(config: SoakConfig, scenarios: dict[str, Scenario]) -> S
         what = "no trace scenario" if trace is None else f"trace {trace.source_path} has no timestamps"
         raise ConfigError([f"load.arrival: trace needs a trace scenario with timestamps ({what}); set load.rate "
                            "or load.concurrency instead"])
-    if timed and load.concurrency is None and load.arrival != "trace":
+    if timed and load.concurrency is None and load.arrival != "trace" and "arrival" not in load.model_fields_set:
         return config.model_copy(update={"load": load.model_copy(update={"arrival": "trace"})})
     return config
 
 
-def trace_log_fields(scenarios: dict[str, Scenario], load: LoadConfig) -> dict[str, str]:
-    """For the log line that starts the load: what one pass of a replayed trace sends ({} without one)."""
-    return {"arrival": "trace", "trace": replay_text(scenarios, load.rate)} if load.arrival == "trace" else {}
+def trace_log_fields(scenarios: dict[str, Scenario], config: SoakConfig) -> dict[str, str]:
+    """For the log line that starts the load: what a window of a replayed trace sends ({} without one)."""
+    if config.load.arrival != "trace":
+        return {}
+    return {"arrival": "trace", "trace": replay_text(scenarios, config.load.rate, config.run.window)}
 
 
 # ---- prompt sources --------------------------------------------------------------------------

@@ -34,17 +34,19 @@ from typing import Any
 
 from soakd.config import ConfigError
 from soakd.core.timeline import Timeline
-from soakd.workload.corpus import Corpus, estimate_tokens
+from soakd.workload.corpus import WORDS, Corpus, estimate_tokens
 
-__all__ = ["FORMATS", "Trace", "TraceArrival", "TraceEntry", "TracePrompts", "load_trace", "replay_text", "sniff_format",
-           "time_scale", "trace_arrivals"]
+__all__ = ["FORMATS", "Trace", "TraceArrival", "TraceEntry", "TracePrompts", "load_trace", "replay_text",
+           "sniff_format", "stretch", "time_scale", "trace_arrivals"]
 
 FORMATS = ("mooncake", "burstgpt", "conversations")
 _ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system",
-          "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "model": "assistant"}
+          "developer": "system", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant",
+          "model": "assistant"}
+MIN_PERIOD = 1e-3  # seconds: a pass is never replayed faster than this (a huge speedup or rate)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TraceEntry:
     """One request of the trace (a whole conversation, for ``conversations``)."""
 
@@ -73,7 +75,7 @@ class Trace:
     path: Path
     format: str
     entries: tuple[TraceEntry, ...]
-    skipped: int = 0  # rows read past (burstgpt: failed requests, 0 response tokens)
+    skipped: int = 0  # rows read past (burstgpt: 0 tokens, a failed request; conversations: no user turn)
     timed: bool = True
 
     @property
@@ -100,17 +102,17 @@ class Trace:
 
 def sniff_format(path: Path) -> str:
     """The format from the file: ``.csv`` is BurstGPT; a JSON line with ``input_length`` Mooncake, with
-    ``conversations`` or ``messages`` a conversation file."""
+    ``conversations``, ``messages`` or ``conversation`` a conversation file."""
     if path.suffix.lower() == ".csv":
         return "burstgpt"
     try:
-        with path.open(encoding="utf-8") as f:
+        with path.open(encoding="utf-8-sig") as f:
             for line in f:
                 if line.strip():
                     obj = json.loads(line)
                     if isinstance(obj, dict) and "input_length" in obj:
                         return "mooncake"
-                    if isinstance(obj, dict) and ("conversations" in obj or "messages" in obj):
+                    if isinstance(obj, dict) and ({"conversations", "messages", "conversation"} & set(obj)):
                         return "conversations"
                     break
     except (OSError, UnicodeDecodeError, ValueError):
@@ -131,7 +133,7 @@ def load_trace(path: Path, fmt: str | None = None) -> Trace:
 @lru_cache(maxsize=8)
 def _load(path: Path, fmt: str, _size: int, _mtime: int) -> Trace:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (spreadsheet exports) is not a column
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError([f"trace {path}: cannot read it: {exc}"]) from None
     if fmt == "burstgpt":
@@ -139,7 +141,7 @@ def _load(path: Path, fmt: str, _size: int, _mtime: int) -> Trace:
     elif fmt == "mooncake":
         rows, skipped = _mooncake(path, text), 0
     elif fmt == "conversations":
-        rows, skipped = _conversations(path, text), 0
+        rows, skipped = _conversations(path, text)
     else:
         raise ConfigError([f"trace {path}: unknown format {fmt!r}; expected one of {', '.join(FORMATS)}"])
     if not rows:
@@ -165,7 +167,7 @@ def _positive_int(path: Path, line: int, obj: dict[str, Any], name: str) -> int:
     v = obj.get(name)
     if name not in obj:
         raise ConfigError([f"{_where(path, line, name)} missing"])
-    if isinstance(v, bool) or not isinstance(v, int | float) or v != int(v) or v < 1:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v != int(v) or v < 1:
         raise ConfigError([f"{_where(path, line, name)}: expected a positive whole number of tokens, got {v!r}"])
     return int(v)
 
@@ -227,7 +229,7 @@ def _burstgpt(path: Path, text: str) -> tuple[list[TraceEntry], int]:
         ts = _timestamp(path, lineno, vals["Timestamp"], "Timestamp", 1.0)
         n_in, n_out = vals["Request tokens"], vals["Response tokens"]
         for col, v in (("Request tokens", n_in), ("Response tokens", n_out)):
-            if v < 0 or v != int(v):
+            if not math.isfinite(v) or v < 0 or v != int(v):
                 raise ConfigError([f"{_where(path, lineno, col)}: expected a whole number >= 0, got {v!r}"])
         if n_out == 0 or n_in == 0:
             skipped += 1  # a failed request in the log: nothing was generated
@@ -236,34 +238,47 @@ def _burstgpt(path: Path, text: str) -> tuple[list[TraceEntry], int]:
     return out, skipped
 
 
-def _conversations(path: Path, text: str) -> list[TraceEntry]:
+def _content(v: Any) -> str | None:
+    """A message's text: a string, or OpenAI's list of parts (their text parts, joined)."""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, list) and all(isinstance(p, dict) for p in v):
+        return "".join(str(p.get("text", "")) for p in v if p.get("type", "text") == "text")
+    return None
+
+
+def _conversations(path: Path, text: str) -> tuple[list[TraceEntry], int]:
+    """ShareGPT (``conversations`` of from/value), OpenAI (``messages`` of role/content) and LMSYS-Chat /
+    WildChat (``conversation`` of role/content) lines. A line with nothing to send (an empty conversation,
+    no user turn) is skipped and counted, as real dumps hold many; one that is not a conversation is an
+    error."""
     out = []
+    skipped = 0
     for lineno, obj in _json_lines(path, text):
         ts = None
         if "timestamp" in obj:
             ts = _timestamp(path, lineno, obj["timestamp"], "timestamp", 1e-3)
-        if "conversations" in obj:
-            name, turns = "conversations", obj["conversations"]
-            key_role, key_text = "from", "value"
-        elif "messages" in obj:
-            name, turns = "messages", obj["messages"]
-            key_role, key_text = "role", "content"
-        else:
+        name = next((k for k in ("conversations", "messages", "conversation") if k in obj), None)
+        if name is None:
             raise ConfigError([f"trace {path} line {lineno}: field 'conversations' (or 'messages') missing"])
-        if not isinstance(turns, list) or not turns:
-            raise ConfigError([f"{_where(path, lineno, name)}: expected a non-empty list"])
+        turns = obj[name]
+        key_role, key_text = ("from", "value") if name == "conversations" else ("role", "content")
+        if not isinstance(turns, list):
+            raise ConfigError([f"{_where(path, lineno, name)}: expected a list of messages"])
         msgs = []
         for i, t in enumerate(turns):
             role = _ROLES.get(str(t.get(key_role, "")).lower()) if isinstance(t, dict) else None
-            content = t.get(key_text) if isinstance(t, dict) else None
-            if role is None or not isinstance(content, str):
+            content = _content(t.get(key_text)) if isinstance(t, dict) else None
+            if not isinstance(t, dict) or content is None:
                 raise ConfigError([f"{_where(path, lineno, f'{name}[{i}]')}: expected "
                                    f"{{{key_role!r}: user|assistant|system, {key_text!r}: text}}, got {t!r:.80}"])
-            msgs.append({"role": role, "content": content})
+            if role is not None:  # tool results and other roles are left out of the replayed history
+                msgs.append({"role": role, "content": content})
         if not any(m["role"] == "user" for m in msgs):
-            raise ConfigError([f"{_where(path, lineno, name)}: no user turn to send"])
+            skipped += 1
+            continue
         out.append(TraceEntry(ts, messages=tuple(msgs), line=lineno))
-    return out
+    return out, skipped
 
 
 # ---- arrivals ------------------------------------------------------------------------------------
@@ -276,50 +291,79 @@ class TraceArrival:
     pass_no: int  # which pass through the trace (a window restarts it; a short trace loops within one)
 
 
-def time_scale(trace: Trace, speedup: float = 1.0, rate: float | None = None) -> float:
-    """Seconds of replay per second of trace: ``1 / speedup``, or, given a mean rate of requests per second,
-    the scale that sends one pass's requests at that rate."""
-    if rate is not None:
+def _requests_of(entry: TraceEntry) -> int:
+    return len(entry.turns()) if entry.messages else 1
+
+
+def time_scale(trace: Trace, speedup: float = 1.0, rate: float | None = None, window: float | None = None) -> float:
+    """Seconds of replay per second of trace: ``1 / speedup``; or, given a mean rate of requests per second,
+    the scale at which a window carries that rate: the whole pass at that rate when a window holds at
+    least one, else the stretch of the trace's first ``rate * window`` requests stretched over the window
+    (each window replays only its first stretch)."""
+    if rate is None:
+        return 1.0 / speedup
+    per_window = rate * window if window is not None else math.inf
+    if per_window >= trace.requests or not trace.timed:
         return trace.requests / (trace.period * rate)
-    return 1.0 / speedup
+    seen = 0
+    for e in trace.entries:
+        if seen >= per_window and (e.offset or 0.0) > 0:
+            return float(window) / (e.offset or 1.0)  # type: ignore[arg-type]
+        seen += _requests_of(e)
+    return trace.requests / (trace.period * rate)
 
 
-def replay_text(scenarios: dict[str, Any], rate: float | None) -> str:
-    """What one pass of the mix's trace sends, for the log line that starts the load."""
+def stretch(trace: Trace, scale: float, window: float) -> tuple[float, int]:
+    """What one window replays of the trace: seconds of trace and requests (the whole pass, or its start)."""
+    span = window / scale
+    if trace.period <= span:
+        return trace.period, trace.requests
+    return span, sum(_requests_of(e) for e in trace.entries if (e.offset or 0.0) < span)
+
+
+def replay_text(scenarios: dict[str, Any], rate: float | None, window: float) -> str:
+    """What the mix's trace sends per window, for the log line that starts the load."""
     sc = next(s for s in scenarios.values() if s.source_type == "trace")
     tr = load_trace(sc.source_path, sc.source_format)
-    skipped = f", {tr.skipped} rows skipped (no response)" if tr.skipped else ""
-    scale = time_scale(tr, sc.speedup, rate)
-    return (f"{sc.source_path} ({tr.format}): {tr.requests} requests in {tr.period:.1f} s of trace, replayed in "
-            f"{tr.period * scale:.1f} s{skipped}, restarted every window")
+    skipped = f", {tr.skipped} lines skipped (nothing to send)" if tr.skipped else ""
+    scale = time_scale(tr, sc.speedup, rate, window)
+    secs, n = stretch(tr, scale, window)
+    if secs >= tr.period:
+        what = f"the whole trace ({n} requests in {tr.period:.1f} s of trace) replayed in {tr.period * scale:.1f} s"
+    else:
+        what = (f"only its first {secs:.1f} s of {tr.period:.1f} s ({n} of {tr.requests} requests) fit a window of "
+                f"{window:g} s")
+    return f"{sc.source_path} ({tr.format}): {what}{skipped}; restarted every window"
 
 
 def trace_arrivals(trace: Trace, tl: Timeline, scale: float) -> Iterator[TraceArrival]:
     """Send times over the run: the warm-up, then every window, each from the trace's start, looped while
-    the stretch lasts; ends at the timeline's end."""
-    period = trace.period * scale
+    the stretch lasts; ends at the timeline's end. A pass's number is unique in the run (the window's
+    absolute index and the loop within it): text salted with it never repeats across windows or segments."""
+    period = max(trace.period * scale, MIN_PERIOD)
     offsets = [(e.offset or 0.0) * scale for e in trace.entries]
-    segments: list[tuple[float, float]] = []
+    segments: list[tuple[int, float, float]] = []
     if tl.first_window_start > tl.start:
-        segments.append((tl.start, min(tl.first_window_start, tl.end)))
+        segments.append((-1, tl.start, min(tl.first_window_start, tl.end)))
     k = tl.first_index
     while True:
         a, b = tl.window_bounds(k)
         if a >= tl.end:
             break
-        segments.append((a, b))
+        segments.append((k, a, b))
         k += 1
-    pass_no = 0
-    for a, b in segments:
+    for w, a, b in segments:
         base = a
+        loop = 0
         while base < b:
+            pass_no = (w + 1) * 1_000_000 + loop
             for i, off in enumerate(offsets):
                 t = base + off
                 if t >= b:
                     break
                 yield TraceArrival(t, i, pass_no)
-            pass_no += 1
-            base += period
+            loop += 1
+            base = a + loop * period
 
 
 # ---- prompts -------------------------------------------------------------------------------------
@@ -340,11 +384,17 @@ class TracePrompts:
         if words is None:
             if len(self._blocks) > 8192:
                 self._blocks.clear()
-            rng = random.Random(f"trace-block-{self.seed}-{pass_no}-{h}")
-            off = rng.randrange(0, max(1, self.corpus.size - self.block_size))
-            words = self.corpus.words[off:off + self.block_size]
+            # words of its own (not a slice of the shared corpus: two ids never draw the same block)
+            words = random.Random(f"trace-block-{self.seed}-{pass_no}-{h}").choices(WORDS, k=self.block_size)
             self._blocks[key] = words
         return words
+
+    def history(self, messages: list[dict[str, str]], pass_no: int) -> list[dict[str, str]]:
+        """A recorded conversation as sent in pass ``pass_no``: its first message tagged with the pass, so that
+        no window finds an earlier pass's conversation in the prefix cache (later turns still share their own
+        conversation's prefix, as they would in the traced service)."""
+        first = {**messages[0], "content": f"[{pass_no}] {messages[0]['content']}"}
+        return [first, *messages[1:]]
 
     def text(self, entry: TraceEntry, index: int, pass_no: int, overhead: int = 0) -> str:
         """``input_length - overhead`` words: the hash ids' blocks in order (the last one cut to fit), and

@@ -57,7 +57,7 @@ class Workload:
                 self.requests_per_unit = self.trace.requests / len(self.trace.entries)
         self._trace_window: int | None = None
         self._trace_next = 0
-        self._trace_pass = -1
+        self._trace_loop = 0
 
     def next_unit(self, window: int = 0, arrival: TraceArrival | None = None) -> list[PlannedRequest]:
         """The next unit of the mix; a trace's: the entry ``arrival`` names, or (closed loop, a trace without
@@ -78,13 +78,13 @@ class Workload:
     def _next_in_order(self, window: int) -> TraceArrival:
         assert self.trace is not None
         n = len(self.trace.entries)
-        if window != self._trace_window or self._trace_next >= n:
-            self._trace_window = window
-            self._trace_next = 0
-            self._trace_pass += 1
+        if window != self._trace_window:
+            self._trace_window, self._trace_next, self._trace_loop = window, 0, 0
+        elif self._trace_next >= n:
+            self._trace_next, self._trace_loop = 0, self._trace_loop + 1
         i = self._trace_next
         self._trace_next += 1
-        return TraceArrival(0.0, i, self._trace_pass)
+        return TraceArrival(0.0, i, (window + 1) * 1_000_000 + self._trace_loop)  # as trace_arrivals numbers passes
 
     def _trace_unit(self, arrival: TraceArrival) -> list[PlannedRequest]:
         assert self.trace is not None and self.trace_scenario is not None
@@ -94,7 +94,8 @@ class Workload:
             out = []
             for k, (messages, reply_tokens) in enumerate(entry.turns()):
                 mt = reply_tokens if reply_tokens is not None else self.sources[sc.name].max_tokens()
-                out.append(PlannedRequest(sc, self._body(sc, messages, mt), 0, mt, after_previous=k > 0))
+                out.append(PlannedRequest(sc, self._body(sc, self._prompts.history(messages, arrival.pass_no), mt), 0,
+                                          mt, after_previous=k > 0))
             return out
         overhead = CHAT_TEMPLATE_OVERHEAD if sc.endpoint == "chat" else 0
         text = self._prompts.text(entry, arrival.index, arrival.pass_no, overhead)

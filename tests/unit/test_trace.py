@@ -89,7 +89,10 @@ def test_each_shipped_sample_reads_as_its_format() -> None:
          ["line 3", "'Request tokens'", "twelve"]),
         ("t.jsonl", '{"conversations": [{"from": "human", "value": "hi"}]}\n{"conversations": [{"from": "human"}]}\n',
          ["line 2", "conversations[0]"]),
-        ("t.jsonl", '{"messages": [{"role": "assistant", "content": "hi"}]}\n', ["line 1", "no user turn"]),
+        ("t.jsonl", '{"messages": "hi"}\n', ["line 1", "'messages'", "expected a list"]),
+        ("t.jsonl", '{"messages": [{"role": "assistant", "content": "hi"}]}\n', ["no requests in it"]),
+        ("t.jsonl", '{"timestamp": 0, "input_length": NaN, "output_length": 5}\n', ["line 1", "'input_length'"]),
+        ("t.csv", "Timestamp,Model,Request tokens,Response tokens\n0,GPT-4,inf,3\n", ["line 2", "'Request tokens'"]),
         ("t.jsonl", '{"timestamp": 1, "messages": [{"role": "user", "content": "a"}]}\n'
                     '{"messages": [{"role": "user", "content": "b"}]}\n', ["line 2", "'timestamp'"]),
         ("t.jsonl", "\n\n", ["cannot tell its format"]),
@@ -223,7 +226,10 @@ def test_a_conversation_is_replayed_turn_by_turn_with_its_recorded_history() -> 
         assert len(unit) == len(users)
         assert [p.after_previous for p in unit] == [False] + [True] * (len(unit) - 1)
         for p, u in zip(unit, users, strict=True):
-            assert p.body["messages"] == list(entry.messages[:u + 1])
+            sent = p.body["messages"]
+            # the recorded history, the first message tagged with the pass (no window finds another's in the cache)
+            assert sent[1:] == list(entry.messages[1:u + 1])
+            assert sent[0]["content"] == f"[1000000] {entry.messages[0]['content']}"
             reply = entry.messages[u + 1]["content"] if u + 1 < len(entry.messages) else None
             assert reply is not None and p.max_tokens == len(reply.replace(".", " .").split())
 
@@ -242,38 +248,141 @@ def test_concurrency_replays_the_trace_in_order_and_arrival_trace_needs_timestam
 # ---- through the real client, against the simulator -----------------------------------------------------
 
 
-async def test_a_trace_is_replayed_against_the_simulator_at_its_timestamps() -> None:
-    cfg, wl = _workload(SAMPLES / "mooncake.jsonl", speedup=8.0)
-    trace = wl.trace
-    assert trace is not None
+async def _replay(sample: str, speedup: float, window: float, duration: float,
+                  **load: Any) -> tuple[Any, Timeline, list[tuple[float, int, dict[str, Any]]], Recorder]:
+    """Replay a sample through the real driver and client against the simulator: (workload, timeline, what was
+    sent: (when, window, body), recorder)."""
+    cfg, wl = _workload(SAMPLES / sample, speedup=speedup, load=load)
     async with sim_server(**FAST_SIM) as sim:
         loop = asyncio.get_running_loop()
-        tl = Timeline(loop.time() + 0.2, 0.0, 1.5, 3.0)
+        tl = Timeline(loop.time() + 0.2, 0.0, window, duration)
         recorder = Recorder(SoakMetrics(tuple(cfg.load.mix)), WindowSet(tl))
         client = OpenAIClient(TargetConfig(url=sim.base_url), pool_size=64)
-        sent: list[tuple[float, int, int]] = []  # (when, window, max_tokens)
-        started = recorder.started
+        sent: list[tuple[float, int, dict[str, Any]]] = []
+        execute = client.execute
 
-        def track(rec: RequestRecord) -> None:
-            sent.append((loop.time(), rec.window, rec.max_tokens or 0))
-            started(rec)
+        async def spy(rec: RequestRecord, body: dict[str, Any], check: str = "none") -> None:
+            sent.append((loop.time(), rec.window, body))
+            await execute(rec, body, check)
 
-        recorder.started = track  # type: ignore[method-assign]
+        client.execute = spy  # type: ignore[method-assign]
         driver = LoadDriver(cfg.load, client, wl, recorder, tl)
+        try:
+            await asyncio.wait_for(driver.run(grace=5), 30)
+        finally:
+            await client.close()
+    return wl, tl, sent, recorder
+
+
+@pytest.mark.parametrize("sample", ["mooncake.jsonl", "burstgpt.csv"])
+async def test_a_trace_is_replayed_against_the_simulator_at_its_timestamps(sample: str) -> None:
+    speedup = 8.0 if sample == "mooncake.jsonl" else 10.0
+    wl, tl, sent, recorder = await _replay(sample, speedup, 1.5, 3.0)
+    trace = wl.trace
+    plan = list(trace_arrivals(trace, tl, time_scale(trace, speedup=speedup)))
+    assert len(sent) == len(plan) and recorder.outcomes["ok"] == len(plan)
+    # the lengths the trace gives, in its order
+    assert [b["max_tokens"] for _, _, b in sent] == [trace.entries[a.index].output_length for a in plan]
+    assert [len(b["messages"][0]["content"].split(" ")) for _, _, b in sent] == [
+        max(1, trace.entries[a.index].input_length - CHAT_TEMPLATE_OVERHEAD) for a in plan]
+    # at the trace's times: never early, and the gaps are the trace's (scaled)
+    lateness = [when - a.t for (when, _, _), a in zip(sent, plan, strict=True)]
+    assert min(lateness) > -0.005
+    gaps = [abs((y[0] - x[0]) - (b.t - a.t)) for x, y, a, b in zip(sent, sent[1:], plan, plan[1:])]
+    print(f"lateness median {statistics.median(lateness) * 1000:.1f} ms, max {max(lateness) * 1000:.1f} ms; "
+          f"gap error median {statistics.median(gaps) * 1000:.1f} ms")
+    assert statistics.median(lateness) < 0.1 and statistics.median(gaps) < 0.05
+    # each counted in the window it was dispatched in: the planned one, or the next when it left late across
+    for (when, w, _), a in zip(sent, plan, strict=True):
+        assert w in (tl.window_at(a.t), tl.window_at(a.t) + 1)
+        assert w == tl.window_at(a.t) or tl.window_bounds(w)[0] - a.t <= max(lateness) + 1e-3
+    if sample == "mooncake.jsonl":  # the shared prefixes, as the simulator received them
+        by_pass: dict[int, list[tuple[int, str]]] = {}
+        for (_, _, b), a in zip(sent, plan, strict=True):
+            by_pass.setdefault(a.pass_no, []).append((a.index, b["messages"][0]["content"]))
+        for items in by_pass.values():
+            for i, x in items:
+                for j, y in items:
+                    ha, hb = trace.entries[i].hash_ids, trace.entries[j].hash_ids
+                    if i != j and ha[:1] == hb[:1]:
+                        assert x.split(" ")[:512] == y.split(" ")[:512]
+
+
+async def test_a_conversation_trace_is_sent_turn_by_turn_against_the_simulator() -> None:
+    wl, tl, sent, recorder = await _replay("conversations.jsonl", 8.0, 2.0, 4.0)
+    trace = wl.trace
+    plan = list(trace_arrivals(trace, tl, time_scale(trace, speedup=8.0)))
+    firsts = [(when, b) for when, _, b in sent  # a conversation's first request: its messages up to the first user turn
+              if sum(m["role"] == "user" for m in b["messages"]) == 1]
+    assert len(firsts) == len(plan)  # every conversation started, at its time
+    assert recorder.outcomes["ok"] == len(sent) and {k for k, v in recorder.outcomes.items() if v} == {"ok"}
+    for when, a in zip(sorted(w for w, _ in firsts), plan, strict=True):
+        assert when - a.t > -0.005
+    # every request is a recorded conversation's history up to a user turn, tagged with its pass
+    recorded = {tuple((m["role"], m["content"]) for m in e.messages) for e in trace.entries}
+    for _, _, b in sent:
+        msgs = b["messages"]
+        assert msgs[-1]["role"] == "user" and msgs[0]["content"].startswith("[")
+        untagged = [(msgs[0]["role"], msgs[0]["content"].split("] ", 1)[1])] + [(m["role"], m["content"])
+                                                                                for m in msgs[1:]]
+        assert any(r[:len(untagged)] == tuple(untagged) for r in recorded)
+    assert len(sent) > len(plan)  # later turns followed the first ones
+
+def test_real_dump_variants_are_read_and_lines_with_nothing_to_send_are_counted(tmp_path: Path) -> None:
+    path = tmp_path / "dump.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in [
+        {"conversation": [{"role": "user", "content": [{"type": "text", "text": "what is "}, {"type": "text",
+                                                                                           "text": "KV cache?"}]},
+                          {"role": "assistant", "content": "A cache of keys and values."}]},
+        {"conversations": []},
+        {"conversations": [{"from": "gpt", "value": "hello"}]},
+        {"messages": [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "hi"},
+                      {"role": "tool", "content": "{}"}, {"role": "assistant", "content": "hello"}]},
+    ]) + "\n", encoding="utf-8")
+    trace = load_trace(path)
+    assert trace.format == "conversations" and len(trace.entries) == 2 and trace.skipped == 2
+    assert trace.entries[0].messages[0] == {"role": "user", "content": "what is KV cache?"}
+    assert [m["role"] for m in trace.entries[1].messages] == ["system", "user", "assistant"]
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes("\ufeffTimestamp,Model,Request tokens,Response tokens\n0.5,GPT-4,12,3\n".encode())
+    assert load_trace(bom).entries[0].input_length == 12
+
+
+def test_a_rate_is_what_each_window_carries_even_when_the_trace_is_longer() -> None:
+    for sample in ("mooncake.jsonl", "burstgpt.csv"):
+        trace = load_trace(SAMPLES / sample)
+        for rate, window in ((1.0, 10.0), (2.0, 5.0), (50.0, 10.0)):
+            scale = time_scale(trace, rate=rate, window=window)
+            tl = Timeline(0.0, 0.0, window, 4 * window)
+            per = [sum(1 for a in trace_arrivals(trace, tl, scale) if tl.window_at(a.t) == w) for w in range(4)]
+            assert len(set(per)) == 1
+            assert per[0] == pytest.approx(rate * window, rel=0.1, abs=1.5), (sample, rate, window, per)
+
+
+def test_pass_numbers_never_repeat_across_windows_or_a_resumed_segment() -> None:
+    trace = load_trace(SAMPLES / "mooncake.jsonl")
+    first = Timeline(0.0, 2.0, 3.0, 11.0)
+    resumed = Timeline(100.0, 0.0, 3.0, 9.0, first_index=3)
+    a = {x.pass_no for x in trace_arrivals(trace, first, 0.05)}
+    b = {x.pass_no for x in trace_arrivals(trace, resumed, 0.05)}
+    assert len(a) > 3 and len(b) >= 3 and not (a & b)
+
+
+def test_an_explicit_arrival_process_is_kept() -> None:
+    cfg, _ = _workload(SAMPLES / "mooncake.jsonl", load={"arrival": "constant", "rate": 5.0})
+    assert cfg.load.arrival == "constant"
+
+
+async def test_max_requests_counts_a_conversation_turn_by_turn() -> None:
+    cfg, wl = _workload(SAMPLES / "conversations.jsonl", load={"concurrency": 1})
+    async with sim_server(**FAST_SIM) as sim:
+        loop = asyncio.get_running_loop()
+        tl = Timeline(loop.time(), 0.0, 10.0, 10.0)
+        recorder = Recorder(SoakMetrics(tuple(cfg.load.mix)), WindowSet(tl))
+        client = OpenAIClient(TargetConfig(url=sim.base_url))
+        driver = LoadDriver(cfg.load, client, wl, recorder, tl, max_requests=5)
         try:
             await asyncio.wait_for(driver.run(grace=5), 20)
         finally:
             await client.close()
-    scale = time_scale(trace, speedup=8.0)
-    plan = list(trace_arrivals(trace, tl, scale))
-    assert len(sent) == len(plan) and recorder.outcomes["ok"] == len(plan)
-    assert [m for _, _, m in sent] == [trace.entries[a.index].output_length for a in plan]
-    lateness = [when - a.t for (when, _, _), a in zip(sent, plan, strict=True)]
-    assert min(lateness) > -0.005  # never early
-    # each request is counted in the window it was sent in: the planned one, unless it left late across a boundary
-    for (when, w, _), a in zip(sent, plan, strict=True):
-        assert w == tl.window_at(when)
-        assert w == tl.window_at(a.t) or (w == tl.window_at(a.t) + 1
-                                          and tl.window_bounds(w)[0] - a.t <= max(lateness) + 1e-3)
-    print(f"lateness: median {statistics.median(lateness) * 1000:.1f} ms, max {max(lateness) * 1000:.1f} ms")
-    assert statistics.median(lateness) < 0.25
+    assert recorder.sent == 5 and recorder.outcomes["ok"] == 5 and driver.stop_reason == "max_requests"
