@@ -585,6 +585,12 @@ class SoakConfig(_Model):
         ref = self.analysis.ab.reference or self.targets[0].name
         return sorted(self.targets, key=lambda t: t.name != ref)
 
+    def _replays_trace(self) -> bool:
+        """The mix replays a trace: with timestamps it is an open loop (``load.arrival: trace``), which only
+        the file can say; ``workload.scenarios.with_trace_arrivals`` decides once it is read."""
+        return any(sc.source is not None and sc.source.type == "trace" and self.load.mix.get(name, 0) > 0
+                   for name, sc in self.scenarios.items())
+
     def _sweep_problems(self) -> list[str]:
         sw = self.sweep
         out = []
@@ -595,7 +601,7 @@ class SoakConfig(_Model):
                 out.append(f"sweep.levels: every level must be > 0, got {sw.levels}")
             elif any(b <= a for a, b in zip(sw.levels, sw.levels[1:])):
                 out.append(f"sweep.levels: must rise strictly, got {sw.levels}")
-            elif self.load.closed_loop and any(v != int(v) for v in sw.levels):
+            elif self.load.closed_loop and not self._replays_trace() and any(v != int(v) for v in sw.levels):
                 out.append(f"sweep.levels: closed-loop levels are concurrencies (whole numbers), got {sw.levels}")
         elif sw.stop < sw.start:
             out.append(f"sweep.stop: {sw.stop:g} is below sweep.start {sw.start:g}: the sweep has no step")

@@ -120,6 +120,10 @@ def with_trace_arrivals(config: SoakConfig, scenarios: dict[str, Scenario]) -> S
                            "or load.concurrency instead"])
     if timed and load.concurrency is None and load.arrival != "trace" and "arrival" not in load.model_fields_set:
         return config.model_copy(update={"load": load.model_copy(update={"arrival": "trace"})})
+    levels = config.sweep.levels
+    if trace is not None and load.closed_loop and levels and any(v != int(v) for v in levels):
+        raise ConfigError([f"sweep.levels: the trace {trace.source_path} is replayed as a closed loop (no timestamps, "
+                           f"or load.concurrency set): levels are concurrencies (whole numbers), got {levels}"])
     return config
 
 

@@ -386,3 +386,16 @@ async def test_max_requests_counts_a_conversation_turn_by_turn() -> None:
         finally:
             await client.close()
     assert recorder.sent == 5 and recorder.outcomes["ok"] == 5 and driver.stop_reason == "max_requests"
+
+
+def test_a_sweep_of_a_timed_trace_takes_rate_levels(tmp_path: Path) -> None:
+    cfg, _ = _workload(SAMPLES / "mooncake.jsonl")
+    cfg = load_config(None, {**cfg.model_dump(mode="json", exclude={"sim"}), "sweep": {"levels": [0.5, 1, 2.5]}})
+    cfg = with_trace_arrivals(cfg, resolve_all(cfg))
+    assert cfg.load.arrival == "trace" and cfg.sweep_levels() == [0.5, 1.0, 2.5]
+    untimed = tmp_path / "c.jsonl"
+    untimed.write_text('{"messages": [{"role": "user", "content": "hello there"}]}\n')
+    cfg = load_config(None, {"load": {"mix": {"replay": 1}}, "sweep": {"levels": [0.5, 1]}, "scenarios": {
+        "replay": {"source": {"type": "trace", "path": str(untimed)}}}})
+    with pytest.raises(ConfigError, match="sweep.levels: the trace .* closed loop"):
+        with_trace_arrivals(cfg, resolve_all(cfg))
