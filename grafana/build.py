@@ -538,15 +538,24 @@ def device() -> dict[str, Any]:
                    "percentunit",
                    [target(f"soakd_server_kv_cache_usage_ratio{sel()}", "under load {{pod}}"),
                     target(f"soakd_quiesce_kv_cache_usage_ratio{sel()}", "idle (quiesce) {{pod}}")],
-                   w=8, min_=0, max_=1),
+                   w=6, min_=0, max_=1),
         timeseries("Running and waiting", "Requests the server runs and queues, and soakd's requests in flight.",
                    "short",
                    [target(f"soakd_server_requests_running{sel()}", "running {{pod}}"),
                     target(f"soakd_server_requests_waiting{sel()}", "waiting {{pod}}"),
-                    target(f"soakd_requests_in_flight{sel()}", "soakd in flight {{pod}}")], w=8, min_=0),
+                    target(f"soakd_requests_in_flight{sel()}", "soakd in flight {{pod}}")], w=6, min_=0),
         timeseries("Preemptions", "Requests the server preempted (or retracted) per second: KV-cache pressure.",
                    "ops", [target(f"rate(soakd_server_preemptions_total{sel()}[$__rate_interval])",
-                                  "preemptions {{pod}}")], w=8, min_=0),
+                                  "preemptions {{pod}}")], w=6, min_=0),
+        timeseries("Prefix-cache hit rate", "The server's prefix-cache hits over its queries: in each closed analysis "
+                   "window (what the diagnosis compares with the baseline pool: 'prefix cache hit rate fell'), over "
+                   "the last 5 minutes, and since the server started (slow to move on a server up for days).",
+                   "percentunit",
+                   [target(f"soakd_window_prefix_cache_hit_ratio{sel()}", "window {{pod}}"),
+                    target(f"increase(soakd_server_prefix_cache_hits_total{sel()}[5m]) / "
+                           f"increase(soakd_server_prefix_cache_queries_total{sel()}[5m])", "5 min {{pod}}"),
+                    target(f"soakd_server_prefix_cache_hit_ratio{sel()}", "since start {{pod}}")],
+                   w=6, min_=0, max_=1),
 
         row("Leaks"),
         timeseries("Memory growth per hour", "Robust (Theil–Sen) growth across windows, bytes per hour, by "

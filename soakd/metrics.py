@@ -178,6 +178,9 @@ CATALOGUE: tuple[MetricSpec, ...] = (
                "soakd's mean TTFT or inter-token gap in the last closed window minus the server's own (from its "
                "histograms), by metric (ttft, itl): what the network and the client add.", ("metric",),
                group="analysis"),
+    MetricSpec("soakd_window_prefix_cache_hit_ratio", "gauge",
+               "The server's prefix-cache hit rate over the last closed window, 0-1: its hits' increase over its "
+               "queries' (absent without prefix-cache counters, or across a restart).", group="analysis"),
     MetricSpec("soakd_window_value", "gauge",
                "Tracked quantity of the last closed window, by metric (e2e_p95 in seconds, output_tokens_per_second, "
                "error_rate as a ratio, energy_per_token in joules, ...).", ("metric",), group="analysis"),
@@ -332,6 +335,12 @@ CATALOGUE: tuple[MetricSpec, ...] = (
                "llama.cpp; summed over engines; resets when the server restarts).", group="server"),
     MetricSpec("soakd_server_prefix_cache_hit_ratio", "gauge",
                "Prefix-cache hits / queries since the server started, 0-1.", group="server"),
+    MetricSpec("soakd_server_prefix_cache_hits_total", "counter",
+               "The server's prefix-cache hits since it started, by its own counter (tokens; blocks for "
+               "TensorRT-LLM; summed over engines; resets when the server restarts).", group="server"),
+    MetricSpec("soakd_server_prefix_cache_queries_total", "counter",
+               "The server's prefix-cache queries since it started (tokens; blocks for TensorRT-LLM; hits + misses "
+               "where the server counts misses).", group="server"),
     MetricSpec("soakd_server_ttft_seconds_total", "counter",
                "The server's own TTFT histogram: sum of seconds (vLLM, SGLang; summed over engines).", group="server"),
     MetricSpec("soakd_server_ttft_requests_total", "counter",

@@ -68,6 +68,7 @@ class WindowContext:
     full: list[Window]  # every full window of the run so far (this one included when full)
     emit: EventSink  # info events (a leak judgement revised, another memory step)
     baseline: Window | None = None  # the run's baseline window (the drift detector's)
+    pool: list[Window] = field(default_factory=list)  # the baseline pool's windows (the drift detector's)
     drift: list[DriftResult] = field(default_factory=list)  # this window's live comparisons
     throttles: list[throttle_mod.ThrottleResult] = field(default_factory=list)
     leaks: list[leak_mod.LeakResult] = field(default_factory=list)  # the run's leak judgements now
@@ -331,8 +332,8 @@ class RestartDetector(_Quiet):
 
 class DiagnosisDetector(_Quiet):
     """What the detectors before it found, in the window, mapped onto the troubleshooting table
-    (``soakd.analysis.diagnosis``): outages, errors, throttling, bandwidth pressure, leaks, SLO,
-    performance drift."""
+    (``soakd.analysis.diagnosis``): outages, errors, throttling, a falling prefix-cache hit rate, bandwidth
+    pressure, leaks, SLO, performance drift."""
 
     name = "diagnosis"
 
@@ -345,7 +346,7 @@ class DiagnosisDetector(_Quiet):
             w, ctx.drift, ctx.throttles,
             [lk for lk in ctx.leaks if lk.source != "kv_residue" and (lk in ctx.new_leaks or lk in ctx.new_steps)],
             kv_res if kv_res is not None and kv_res in ctx.new_leaks else None,
-            baseline=ctx.baseline, drift_cfg=self.cfg.drift, cfg=self.cfg.diagnosis,
+            baseline=ctx.baseline, pool=ctx.pool, drift_cfg=self.cfg.drift, cfg=self.cfg.diagnosis,
         )  # fmt: skip
 
     def state(self) -> None:

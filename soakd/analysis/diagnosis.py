@@ -1,12 +1,13 @@
 """Diagnosis: a window's findings mapped onto the method's troubleshooting table — outages, errors,
-throttling, bandwidth pressure, leaks, SLO goodput, performance drift (one window at a time; pure,
+throttling, a falling prefix-cache hit rate, bandwidth pressure, leaks, SLO goodput, performance drift (one window at a time; pure,
 no I/O). The rules, and the long-context-versus-short-chat test, are in docs/analysis.md#derivation-diagnosispy;
 each diagnosis's words (what is seen, what to check) are its registry entry (``soakd.core.findings``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import statistics
+from collections.abc import Iterable, Sequence
 
 from soakd.analysis.drift import DriftResult, compare
 from soakd.analysis.leak import LeakResult
@@ -80,6 +81,15 @@ def _degraded(results: Iterable[DriftResult], metrics: frozenset[str]) -> list[D
     return list(best.values())
 
 
+def reference_hit_ratio(pool: Sequence[Window], baseline: Window | None = None) -> float | None:
+    """The prefix cache's hit rate the baseline pool had: the median of its windows' (the baseline window's
+    alone without a pool), None where the server exports no prefix-cache counters."""
+    ratios = [w.server.prefix_cache_hit_ratio for w in pool if w.server.prefix_cache_hit_ratio is not None]
+    if not ratios and baseline is not None and baseline.server.prefix_cache_hit_ratio is not None:
+        ratios = [baseline.server.prefix_cache_hit_ratio]
+    return statistics.median(ratios) if ratios else None
+
+
 def _drift_text(rs: list[DriftResult]) -> str:
     return "; ".join(
         f"{r.metric} {_pct(r.ratio)} vs {r.reference}" if not METRICS[r.metric].absolute
@@ -97,14 +107,15 @@ def diagnose(
     target_down_seconds: float | None = None,
     baseline: Window | None = None,
     *,
+    pool: Sequence[Window] = (),
     drift_cfg: DriftConfig | None = None,
     cfg: DiagnosisConfig | None = None,
 ) -> list[Finding]:
     """Findings of one window (see the module docstring for the rules).
 
     ``target_down_seconds`` defaults to the window's own; ``baseline`` (its per-scenario stats)
-    enables the long-context rule. Leak results are run-level; pass them at the window where
-    they were evaluated.
+    enables the long-context rule; ``pool`` (the baseline pool's windows) gives the prefix cache's
+    reference hit rate. Leak results are run-level; pass them at the window where they were evaluated.
     """
     cfg = cfg or DiagnosisConfig()
     drift_cfg = drift_cfg or DriftConfig()
@@ -186,6 +197,22 @@ def diagnose(
             kind="throttle", diagnosis="throttling", severity="critical",
             message=f"{_drift_text(perf)} with {'/'.join(kinds)} throttling: {t_text}",
             evidence={"drift": [r.to_dict() for r in perf], "throttle": [t.to_dict() for t in throttles]},
+            window=idx,
+        ))  # fmt: skip
+
+    # --- the prefix cache's hit rate fell (eviction under fragmentation, a cache shrunk by a leak): cached
+    # prompts are prefilled again, TTFT and e2e rise, throughput falls
+    cache = [r for r in perf if r.metric not in explained]
+    hit = window.server.prefix_cache_hit_ratio
+    ref = reference_hit_ratio(pool, baseline)
+    if cache and hit is not None and ref is not None and ref - hit >= cfg.prefix_hit_drop:
+        explained |= {r.metric for r in cache}
+        out.append(Finding(
+            kind="drift", diagnosis="prefix cache hit rate fell", severity="warning",
+            message=(f"the server's prefix-cache hit rate {hit * 100:.1f}% in window {idx}, {ref * 100:.1f}% in the "
+                     f"baseline pool: {_drift_text(cache)}"),
+            evidence={"prefix_cache_hit_ratio": hit, "reference_hit_ratio": ref, "drop": ref - hit,
+                      "drift": [r.to_dict() for r in cache]},
             window=idx,
         ))  # fmt: skip
 

@@ -267,6 +267,7 @@ class DriftDetector:
             self._pool_done(w, ctx)
         ctx.drift = results
         ctx.baseline = self.baseline
+        ctx.pool = list(self.pool) if self.pool_complete else []
 
     def close(self, w: Window, ctx: WindowContext) -> None:
         """The window's findings are made: it is the previous window now; the run's stability."""

@@ -121,6 +121,8 @@ _REDUCE = {
     "soakd_server_ttft_requests_total": ("server_ttft_count", "sum"),
     "soakd_server_itl_seconds_total": ("server_itl_seconds", "sum"),
     "soakd_server_itl_tokens_total": ("server_itl_count", "sum"),
+    "soakd_server_prefix_cache_hits_total": ("server_prefix_hits", "sum"),
+    "soakd_server_prefix_cache_queries_total": ("server_prefix_queries", "sum"),
     "soakd_target_resident_memory_bytes": ("target_rss_bytes", "sum"),
     "soakd_target_anon_memory_bytes": ("target_anon_bytes", "sum"),
     "soakd_server_process_resident_memory_bytes": ("server_rss_bytes", "sum"),
@@ -331,7 +333,7 @@ class TelemetryStats:
 
     def _mean_of_counters(self, seconds: str, count: str) -> float | None:
         """The mean of a server histogram over the window: the sum's increase over the count's (None
-        across a counter reset, or with nothing counted)."""
+        across a counter reset, or with nothing counted); the prefix cache's hit rate likewise."""
         s, c = self.aggs.get(seconds), self.aggs.get(count)
         if s is None or c is None or s.n < 2 or c.n < 2:
             return None
@@ -345,6 +347,8 @@ class TelemetryStats:
                              requests_running=self._stat(MeanMax, "requests_running"),
                              ttft_mean_seconds=self._mean_of_counters("server_ttft_seconds", "server_ttft_count"),
                              itl_mean_seconds=self._mean_of_counters("server_itl_seconds", "server_itl_count"),
+                             prefix_cache_hit_ratio=self._mean_of_counters("server_prefix_hits",
+                                                                           "server_prefix_queries"),
                              restarts_total=self.aggs["server_restarts_total"].last
                              if "server_restarts_total" in self.aggs else None,
                              generation_tokens_per_second=self.saturation.rate(),

@@ -316,6 +316,13 @@ class DiagnosisConfig(_Model):
         lt=1,
         description="Invalid responses above this share make garbled output critical (any is a warning).",
     )
+    prefix_hit_drop: float = Field(
+        0.1,
+        gt=0,
+        le=1,
+        description="A window whose latency or throughput drifted with the server's prefix-cache hit rate this much "
+        "below the baseline pool's (0.1 = 10 points, e.g. 60% -> 50%) is diagnosed 'prefix cache hit rate fell'.",
+    )
 
 
 class KvSaturationConfig(_Model):

@@ -1,4 +1,9 @@
-"""Configuration of the embedded simulated inference server (``soakd sim``)."""
+"""Configuration of the embedded simulated inference server (``soakd sim``).
+
+Longer than 500 lines: every knob of the simulator (latency, KV and prefix cache, the simulated GPU) and every
+fault a test or a demo injects, each with the description that ``soakd sim --help``, the docs and
+examples/soak.yaml show; split, the faults would lose their one place.
+"""
 
 from __future__ import annotations
 
@@ -249,6 +254,20 @@ class SimFaults(BaseModel):
         "= they keep coming (an unbounded staircase, which soakd projects like a leak).",
     )
 
+    prefix_cache_shrink_at: Duration | None = Field(
+        None,
+        gt=0,
+        description="From this server uptime on (e.g. '10m') the prefix cache keeps only prefix_cache_shrink_ratio "
+        "of its blocks, the rest evicted at once: eviction under fragmentation, the hit rate falls and prefill "
+        "grows. Unset = never.",
+    )
+    prefix_cache_shrink_ratio: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="The share of the prefix cache's blocks kept from prefix_cache_shrink_at on (0: none).",
+    )
+
     @field_validator(*_PROBABILITY_FIELDS)
     @classmethod
     def _probability(cls, value: float) -> float:
@@ -459,6 +478,16 @@ class SimConfig(BaseModel):
 
     kv_blocks_total: int = Field(4096, ge=1, description="KV-cache blocks (capacity).")
     kv_block_size: int = Field(16, ge=1, description="Tokens per KV-cache block.")
+    prefix_caching: bool = Field(
+        True,
+        description="Automatic prefix caching, as vLLM's V1 engine does by default: a prompt's leading full blocks "
+        "seen before are not prefilled again, counted in vllm:prefix_cache_queries/_hits (tokens; soakd.sim.prefix).",
+    )
+    prefix_cache_blocks: int | None = Field(
+        None,
+        ge=0,
+        description="Blocks the prefix cache keeps (least recently used evicted beyond it); unset = kv_blocks_total.",
+    )
 
     device: SimDeviceConfig = Field(
         default_factory=SimDeviceConfig,

@@ -206,6 +206,14 @@ DIAGNOSES: dict[str, Diagnosis] = {d.name: d for d in (
        "the failures by reason (http_429: rate limits or admission; http_5xx: server logs; timeout: load vs the knee); "
        "the server's logs at that time",
        ("failed", "requests", "share", "failures", "outcomes", "window_budget", "run_budget", "burst_windows")),
+    _d("prefix cache hit rate fell", "drift", "warning", "performance", "soakdlatencyp95drift",
+       "latency or throughput drift while the server's prefix-cache hit rate in the window is well below the baseline "
+       "pool's: prompts it had cached are prefilled again (eviction under fragmentation, a cache squeezed by leaked "
+       "or pinned blocks, a changed workload)",
+       "soakd_window_prefix_cache_hit_ratio against the pool's, KV-cache usage and preemptions (blocks the cache "
+       "loses to running requests), leaked KV blocks (idle usage after a quiesce), the server's prefix-caching "
+       "settings and version; a restart that emptied the cache",
+       ("prefix_cache_hit_ratio", "reference_hit_ratio", "drop", "drift")),
     _d("bandwidth or cache pressure", "drift", "warning", "performance", "soakdlatencyp95drift",
        "long generations and long contexts slowing down faster than short chat",
        "memory bandwidth, KV-cache evictions and recomputation, prefix-cache hit rate", ("comparisons",)),

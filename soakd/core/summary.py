@@ -146,6 +146,8 @@ class ServerSummary(_Sparse):
     requests_running: MeanMax | None = None
     ttft_mean_seconds: float | None = None  # the server's own, from its histogram's sum and count in the window
     itl_mean_seconds: float | None = None
+    # the server's prefix-cache hit rate in the window: its hits' increase over its queries' (0-1)
+    prefix_cache_hit_ratio: float | None = None
     restarts_total: float | None = None  # server restarts soakd recognised since it started (last in the window)
     # the server's own generated tokens per second (its counter's increase over consecutive scrapes in the window)
     generation_tokens_per_second: float | None = None

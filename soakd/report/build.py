@@ -259,6 +259,7 @@ def _window_row(w: WindowSummary, baseline_idx: int | None, notes: Iterable[str]
         "server_restarts": restarts,
         "not_judged": cause,
         **({"goodput_ratio": w.goodput.ratio} if w.goodput is not None else {}),
+        **({"prefix_cache_hit_ratio": srv.prefix_cache_hit_ratio} if srv.prefix_cache_hit_ratio is not None else {}),
     }  # fmt: skip
 
 

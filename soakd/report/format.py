@@ -196,11 +196,14 @@ def table_columns(rows: Sequence[WindowRow] = ()) -> list[tuple[str, Callable[[W
         ("SM MHz", lambda r: fmt_num(r.sm_clock_mhz, ".0f")),
         ("memory GiB", lambda r: fmt_num(r.memory_gib, ".2f")),
         ("KV %", lambda r: fmt_pct(r.kv_cache_usage_ratio)),
+        ("prefix hit %", lambda r: fmt_pct(r.prefix_cache_hit_ratio)),
         ("J/token", lambda r: fmt_num(r.joules_per_token, ".3f")),
         ("notes", lambda r: ", ".join(r.notes)),
     ]
     if not any(r.goodput_ratio is not None for r in rows):
         cols = [c for c in cols if c[0] != "goodput"]
+    if not any(r.prefix_cache_hit_ratio is not None for r in rows):  # a server without prefix-cache counters
+        cols = [c for c in cols if c[0] != "prefix hit %"]
     return cols
 
 

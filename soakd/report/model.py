@@ -136,13 +136,15 @@ class WindowRow(_Model):
     notes: list[str] = Field(default_factory=list)
     server_restarts: int = 0
     goodput_ratio: float | None = None
+    prefix_cache_hit_ratio: float | None = None  # the server's prefix-cache hit rate in the window
     not_judged: str | None = None  # why the window was not judged (client_impaired, target_down, ...); None: judged
 
     @model_serializer(mode="wrap")
     def _sparse(self, handler: Any) -> dict[str, Any]:
         out = handler(self)
-        if out.get("goodput_ratio", 0) is None:
-            del out["goodput_ratio"]
+        for key in ("goodput_ratio", "prefix_cache_hit_ratio"):
+            if out.get(key, 0) is None:
+                del out[key]
         return out
 
 

@@ -34,6 +34,10 @@ Normalised series (catalogue group "server"):
 - ``soakd_server_prefix_cache_hit_ratio``: cumulative hits / queries since the server started
   (summed over engines before dividing; omitted while queries are 0). Servers that only give a
   cumulative hit-rate gauge (vLLM V0) use it.
+- ``soakd_server_prefix_cache_hits_total`` / ``_queries_total``: the counters themselves (tokens; blocks
+  for TensorRT-LLM; queries = hits + misses where the server counts misses), whose increases over a window
+  give the window's own hit rate (``soakd_window_prefix_cache_hit_ratio``: the cumulative ratio of a
+  server up for days hardly moves when its cache starts to evict).
 - ``soakd_server_ttft_seconds_total`` / ``soakd_server_ttft_requests_total`` and
   ``soakd_server_itl_seconds_total`` / ``soakd_server_itl_tokens_total``: the sum and count of the
   server's own TTFT and inter-token histograms (vLLM, SGLang), summed over engines. Per window their
@@ -303,7 +307,9 @@ def kv_usage(table: ServerTable, expo: Exposition) -> float | None:
     return None
 
 
-def prefix_hit_ratio(table: ServerTable, expo: Exposition) -> float | None:
+def prefix_counters(table: ServerTable, expo: Exposition) -> tuple[float, float] | None:
+    """The server's cumulative prefix-cache (hits, queries), summed over engines, in its unit (tokens; blocks for
+    TensorRT-LLM), or None where it exports no such counters."""
     rep = table.replica_labels
     for src in table.prefix:
         hits = _counter(expo, src.hits, rep)
@@ -315,8 +321,16 @@ def prefix_hit_ratio(table: ServerTable, expo: Exposition) -> float | None:
             if misses is None:
                 continue
             queries = hits + misses
+        return hits, queries
+    return None
+
+
+def prefix_hit_ratio(table: ServerTable, expo: Exposition) -> float | None:
+    counters = prefix_counters(table, expo)
+    if counters is not None:
+        hits, queries = counters
         return hits / queries if queries > 0 else None
-    children = _gauge(expo, table.prefix_ratio, rep)
+    children = _gauge(expo, table.prefix_ratio, table.replica_labels)
     if children:
         valid = [c for c in children if c.value >= 0]  # vLLM V0 reports -1 when prefix caching is off
         if valid:
@@ -349,6 +363,10 @@ def normalise(table: ServerTable, expo: Exposition) -> tuple[list[Series], bool]
     ratio = prefix_hit_ratio(table, expo)
     if ratio is not None:
         out.append(series("soakd_server_prefix_cache_hit_ratio", ratio))
+    counters = prefix_counters(table, expo)
+    if counters is not None:
+        out.append(series("soakd_server_prefix_cache_hits_total", counters[0]))
+        out.append(series("soakd_server_prefix_cache_queries_total", counters[1]))
     for what, refs, unit in (("ttft", table.ttft, "requests"), ("itl", table.itl, "tokens")):
         for r in refs:
             seconds, count = _counter(expo, Ref(r.name + "_sum"), rep), _counter(expo, Ref(r.name + "_count"), rep)
@@ -369,6 +387,7 @@ def normalise(table: ServerTable, expo: Exposition) -> tuple[list[Series], bool]
 
 # cumulative series of one server process: lower than at the previous scrape, the server restarted
 _CUMULATIVE = ("soakd_server_preemptions_total", "soakd_server_generation_tokens_total",
+               "soakd_server_prefix_cache_queries_total",
                "soakd_server_ttft_seconds_total", "soakd_server_ttft_requests_total",
                "soakd_server_itl_seconds_total", "soakd_server_itl_tokens_total")
 

@@ -18,6 +18,7 @@ _FLAG_FIELDS: dict[str, tuple[str | None, str]] = {
     "tpot": (None, "tpot_base"),
     "jitter": (None, "jitter"),
     "max_batch": (None, "max_batch"),
+    "prefix_caching": (None, "prefix_caching"),
     "metric_names": (None, "metric_names"),
     "latency_drift_pct_per_hour": ("faults", "latency_drift_pct_per_hour"),
     "latency_step_at": ("faults", "latency_step_at"),
@@ -38,6 +39,9 @@ _FLAG_FIELDS: dict[str, tuple[str | None, str]] = {
     "empty_rate": ("faults", "empty_rate"),
     "restart_after": ("faults", "restart_after"),
     "restart_downtime": ("faults", "restart_downtime"),
+    "prefix_cache_blocks": (None, "prefix_cache_blocks"),
+    "prefix_cache_shrink_at": ("faults", "prefix_cache_shrink_at"),
+    "prefix_cache_shrink_ratio": ("faults", "prefix_cache_shrink_ratio"),
     "gpus": ("device", "gpus"),
     "thermal_time_constant": ("device", "thermal_time_constant"),
     "thermal_throttle_at": ("faults", "thermal_throttle_at"),
@@ -106,6 +110,15 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--empty-rate", type=float, default=None, help="probability of an empty output")
     g.add_argument("--restart-after", default=None, help="restart the server after this uptime")
     g.add_argument("--restart-downtime", default=None, help="how long a restart keeps it down")
+    g.add_argument("--prefix-cache-blocks", type=int, default=None,
+                   help="blocks the prefix cache keeps (default: the KV cache's size)")
+    g.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false", default=None,
+                   help="no prefix cache (every prompt prefilled in full)")
+    g.add_argument("--prefix-cache-shrink-at", default=None,
+                   help="from this uptime the prefix cache keeps only --prefix-cache-shrink-ratio of its blocks, "
+                   "e.g. 10m (eviction under fragmentation)")
+    g.add_argument("--prefix-cache-shrink-ratio", type=float, default=None,
+                   help="the share of its blocks kept from then on (default 0: none)")
     d = parser.add_argument_group("simulated GPU (GET /dcgm/metrics; the fake NVML of soakd demo)")
     d.add_argument("--gpus", type=int, default=None, help="number of simulated GPUs (default 1)")
     d.add_argument(

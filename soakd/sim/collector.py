@@ -84,11 +84,11 @@ class SimCollector:
         yield counter(
             "vllm:prompt_tokens", "Number of prefill tokens processed.", m.prompt_tokens_total
         )
-        # vLLM V1's prefix cache counters (in tokens): soakd's prompts share no prefix, so the
-        # simulated cache queries every prompt token and hits none
+        # vLLM V1's prefix cache counters (in tokens: soakd.sim.prefix)
         yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
-                      m.prompt_tokens_total)
-        yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", 0.0)
+                      m.prefix_cache.queries)
+        yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+                      m.prefix_cache.hits)
         yield counter(
             "vllm:generation_tokens",
             "Number of generation tokens processed.",

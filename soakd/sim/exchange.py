@@ -72,7 +72,7 @@ class Exchange:
             else:
                 offset = self.model.text_rng.randrange(corpus.size)
         self.texts, self.tjson = corpus.take(offset, n)
-        self.req: SimRequest = self.model.new_request(self.rid, p.prompt_tokens, p.max_tokens)
+        self.req: SimRequest = self.model.new_request(self.rid, p.prompt_tokens, p.max_tokens, p.prompt_text)
         obj = b"chat.completion.chunk" if p.chat else b"text_completion"
         self.head = (
             b'data: {"id":"' + self.rid.encode() + b'","object":"' + obj + b'","created":'
@@ -127,7 +127,7 @@ class Exchange:
     async def _stream(self, resp: web.StreamResponse) -> web.StreamResponse:
         loop, model, p, plan = self.loop, self.model, self.p, self.plan
         mult = model.latency_multiplier()
-        deadline = loop.time() + model.prefill_seconds(p.prompt_tokens, self.req.queued_ahead, mult)
+        deadline = loop.time() + model.prefill_seconds(p.prompt_tokens - self.req.cached_tokens, self.req.queued_ahead, mult)
         head, tjson = self.head, self.tjson
         n = len(tjson)
         if p.chat:
@@ -193,7 +193,7 @@ class Exchange:
     async def respond(self) -> web.StreamResponse:
         loop, model, p, plan = self.loop, self.model, self.p, self.plan
         mult = model.latency_multiplier()
-        deadline = loop.time() + model.prefill_seconds(p.prompt_tokens, self.req.queued_ahead, mult)
+        deadline = loop.time() + model.prefill_seconds(p.prompt_tokens - self.req.cached_tokens, self.req.queued_ahead, mult)
         n = len(self.texts)
         stall = model.config.faults.stall_duration
         if plan.stall_at is not None and (n < 2 or plan.stall_at == 0):

@@ -14,6 +14,9 @@ Engine model
   decoding grows the cache past its capacity the request is counted once in
   ``vllm:num_preemptions_total`` (the simulator does not actually re-schedule it);
   ``vllm:kv_cache_usage_perc`` is clamped to 1.
+* Prefix caching (``prefix_caching``, on by default as in vLLM V1): a prompt's leading full blocks that an
+  earlier prompt had are not prefilled again (:mod:`soakd.sim.prefix`); the cache keeps
+  ``prefix_cache_blocks``, fewer from ``faults.prefix_cache_shrink_at`` on (eviction under fragmentation).
 * Leaked blocks (fault ``kv_leak_*``) stay held until the state is replaced (restart).
 * While the KV cache is saturated and stuck (fault ``kv_saturate_*``) ``vllm:kv_cache_usage_perc`` reads
   1, no request is admitted and none gets a token (:meth:`SimModel.frozen_until`); the running ones
@@ -47,6 +50,7 @@ from soakd.sim.histograms import (
     Histogram,
     build_1_2_5_buckets,
 )
+from soakd.sim.prefix import PrefixCache
 
 
 class Device(Protocol):
@@ -81,6 +85,7 @@ class SimRequest:
 
     __slots__ = (
         "blocks",
+        "cached_tokens",
         "generated",
         "id",
         "max_tokens",
@@ -99,6 +104,7 @@ class SimRequest:
         self.max_tokens = max_tokens
         self.generated = 0
         self.blocks = 0
+        self.cached_tokens = 0  # leading prompt tokens found in the prefix cache: not prefilled
         self.state = WAITING
         self.t_arrival = now
         self.t_admitted: float | None = None
@@ -143,6 +149,8 @@ class SimModel:
         token_buckets = build_1_2_5_buckets(config.max_model_len)
         self.request_prompt_tokens = Histogram(token_buckets)
         self.request_generation_tokens = Histogram(token_buckets)
+        # the prefix cache of this incarnation (a restart empties it)
+        self.prefix_cache = PrefixCache(config.kv_block_size, self._prefix_capacity(full=True))
 
     # ------------------------------------------------------------------ latency model
 
@@ -304,9 +312,26 @@ class SimModel:
 
     # ------------------------------------------------------------------ admission
 
-    def new_request(self, request_id: str, prompt_tokens: int, max_tokens: int) -> SimRequest:
+    def _prefix_capacity(self, full: bool = False) -> int:
+        cfg = self.config
+        if not cfg.prefix_caching:
+            return 0
+        blocks = cfg.kv_blocks_total if cfg.prefix_cache_blocks is None else cfg.prefix_cache_blocks
+        at = cfg.faults.prefix_cache_shrink_at
+        if not full and at is not None and self.clock() - self.started >= at:
+            return int(blocks * cfg.faults.prefix_cache_shrink_ratio)
+        return blocks
+
+    def new_request(self, request_id: str, prompt_tokens: int, max_tokens: int, prompt_text: str = "") -> SimRequest:
+        """A request arriving; with prefix caching on, its prompt is looked up in (and added to) the cache."""
         req = SimRequest(request_id, prompt_tokens, max_tokens, self.clock())
         req.queued_ahead = len(self.waiting)
+        if self.config.prefix_caching:
+            cache = self.prefix_cache
+            capacity = self._prefix_capacity()
+            if capacity != cache.capacity:
+                cache.resize(capacity)
+            req.cached_tokens = cache.lookup(prompt_text, prompt_tokens)
         return req
 
     def _fits(self, req: SimRequest) -> bool:

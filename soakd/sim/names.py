@@ -19,6 +19,13 @@ __all__ = ["METRIC_NAMES", "NamedCollector"]
 
 METRIC_NAMES = ("vllm", "sglang", "tgi", "trtllm", "llamacpp", "none")
 
+# family: the prefix cache's counters (hits, then queries or misses: which the second one is, in the unit)
+_PREFIX: dict[str, tuple[str, str, str, str]] = {
+    "sglang": ("sglang:cached_tokens", "sglang:prompt_tokens", "queries", "tokens"),
+    "trtllm": ("trtllm_kv_cache_reused_blocks", "trtllm_kv_cache_missed_blocks", "misses", "blocks"),
+    "llamacpp": ("llamacpp:prompt_tokens_cached", "llamacpp:prompt_tokens", "misses", "tokens"),
+}
+
 # family: (running, waiting, kv 0-1 gauge, generated-token counter, TTFT histogram, ITL histogram, labels)
 _NAMES: dict[str, tuple[str, str, str | None, str | None, str | None, str | None, bool]] = {
     "sglang": ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage",
@@ -78,6 +85,16 @@ class NamedCollector:
             fam = CounterMetricFamily(tokens, f"{tokens} (soakd sim)", labels=labels)
             fam.add_metric(values, m.request_generation_tokens.sum)
             yield fam
+        prefix = _PREFIX.get(self.kind)
+        if prefix is not None and m.config.prefix_caching:
+            hits_name, other_name, other, unit = prefix
+            hits, queries = float(m.prefix_cache.hits), float(m.prefix_cache.queries)
+            if unit == "blocks":
+                hits, queries = hits / m.config.kv_block_size, queries / m.config.kv_block_size
+            for name, value in ((hits_name, hits), (other_name, queries if other == "queries" else queries - hits)):
+                fam = CounterMetricFamily(name, f"{name} (soakd sim)", labels=labels)
+                fam.add_metric(values, value)
+                yield fam
         if ttft is not None:
             yield histogram(ttft, m.ttft)
         if itl is not None:

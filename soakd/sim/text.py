@@ -45,7 +45,7 @@ __all__ = [
     "output_offset",
 ]
 
-_TOKEN_RE = re.compile(r"\w+|[^\w\s]")
+TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 
 TOKENS_PER_MESSAGE = 3
 TOKENS_PER_NAME = 1
@@ -56,7 +56,7 @@ def count_tokens(text: str) -> int:
     """Tokens in *text*: one per run of word characters, one per other non-space character."""
     if not text:
         return 0
-    return len(_TOKEN_RE.findall(text))
+    return len(TOKEN_RE.findall(text))
 
 
 def message_text(content: Any) -> str:

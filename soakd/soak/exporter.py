@@ -103,6 +103,10 @@ class AnalysisExporter:
                 if ours is not None and theirs is not None:
                     diff.add_metric([metric], ours - theirs)
             yield diff
+            if w.server.prefix_cache_hit_ratio is not None:
+                hit = BY_NAME["soakd_window_prefix_cache_hit_ratio"].family()
+                hit.add_metric([], w.server.prefix_cache_hit_ratio)
+                yield hit
             fr = BY_NAME["soakd_window_freeze_seconds"].family()
             fr.add_metric([], float(c.freeze_max_seconds or 0.0) if c is not None else 0.0)
             yield fr

@@ -710,6 +710,56 @@ async def test_thermal_throttle_episode_is_diagnosed_as_throttling(tmp_path: Pat
 
 
 @pytest.mark.timeout(120)
+async def test_a_prefix_cache_that_stops_hitting_is_named_as_the_drifts_cause(tmp_path: Path) -> None:
+    """Every prompt starts with one of two shared 400-token system prompts (``shared_prefix``), which the
+    simulator's prefix cache serves after their first use (prefill 0.2 ms per uncached token: ~40 ms of TTFT
+    cached, ~120 ms not). From the start of window 4 of 8 the cache keeps nothing (``prefix_cache_shrink_at``):
+    each window's own hit rate (``soakd_window_prefix_cache_hit_ratio``, from the server's counters) falls
+    from ~0.9 to 0, TTFT rises, and the window's finding is 'prefix cache hit rate fell' with both rates,
+    instead of a drift of unknown cause."""
+    k = 4
+    sim_cfg = {**SIM, "ttft_per_prompt_token": 0.0002}
+
+    async def attempt(state_dir: Path) -> Soak:
+        async with SimServer(SimConfig(**sim_cfg)) as sim:
+            soak = Soak(soak_config(
+                sim, state_dir, windows=8, window=2.0, warmup=2.0, analysis={"drift": {"baseline_windows": 3}},
+                scenarios={"short_chat": {"prompt_tokens": 32, "max_tokens": 3,
+                                          "shared_prefix": {"count": 2, "tokens": 400, "share": 1.0}}}))
+            tl = await soak.timeline()
+            sim.config.faults.prefix_cache_shrink_at = at_window(sim, tl, k)
+            await soak.finish(60)
+        return soak
+
+    soak = await attempt(tmp_path / "run")
+    d, final = soak.daemon, soak.final
+    hit = {w["window"]: (w.get("server") or {}).get("prefix_cache_hit_ratio") for w in final["windows"]}
+    assert all(hit[i] is not None and hit[i] > 0.8 for i in range(k)), hit
+    assert all(hit[i] is not None and hit[i] < 0.05 for i in range(k, 8)), hit
+    by_window = soak.by_window()
+    assert [round(value(by_window[i], "soakd_window_prefix_cache_hit_ratio"), 3) for i in range(8)] == [
+        round(hit[i], 3) for i in range(8)]
+
+    cause = [f for f in d.analyzer.findings if f.diagnosis == "prefix cache hit rate fell"]
+    assert cause and min(f.window for f in cause) in (k, k + 1), d.analyzer.findings
+    f = cause[0]
+    assert f.kind == "drift" and f.severity == "warning"
+    assert f.evidence["reference_hit_ratio"] > 0.8 and f.evidence["prefix_cache_hit_ratio"] < 0.05
+    assert "ttft_p50" in {r["metric"] for r in f.evidence["drift"]}, f.message
+    unknown = [g for g in d.analyzer.findings if g.diagnosis == "performance drift" and g.window in
+               {c.window for c in cause}]
+    assert not unknown, [g.message for g in unknown]
+    print(f"\nprefix cache: hit rate by window { {i: round(h, 3) for i, h in hit.items()} }; window {f.window}: "
+          f"{f.message}")
+
+    rep = report_of(soak.state_dir, d.run_id)
+    (row,) = [r for r in rep["troubleshooting"] if r["diagnosis"] == "prefix cache hit rate fell"]
+    assert row["windows"][0] == f.window and "prefix_cache_hit_ratio" in row["check"]
+    assert [r["prefix_cache_hit_ratio"] for r in rep["table"]] == [hit[i] for i in range(8)]
+    assert final["verdict"]["passed"] is False
+
+
+@pytest.mark.timeout(120)
 async def test_canary_mismatch_is_reported(tmp_path: Path) -> None:
     """From a quarter into window 2 the simulator's deterministic outputs change; the canary (one per
     quiesce probe, on the idle server) matched its reference in window 1 and mismatches from

@@ -569,6 +569,54 @@ def _check_run(state: Path, log: JsonLog, rc: int, numbers: dict[str, Any]) -> N
     assert not [r for r in reasons if r.split(":")[0] in ("leak", "canary", "throttle")], reasons
 
 
+@pytest.mark.timeout(300)
+async def test_prefix_cache_hit_rate_from_vllms_counters(vllm: VllmServer, tmp_path: Path) -> None:
+    """Two short soaks (open loop, 2 windows of 8 s): one whose every prompt starts with one of two shared
+    600-token system prompts (``shared_prefix``), one without. vLLM's automatic prefix caching (on by default in
+    its V1 engine) serves the shared ones from its cache: each window's hit rate, read by soakd from
+    ``vllm:prefix_cache_hits_total`` / ``_queries_total``, is well above zero with sharing and near zero
+    without, and agrees with vLLM's own counters over the run."""
+    from helpers import report_of
+
+    async def soak(name: str, shared: dict[str, Any] | None) -> tuple[list[float | None], float]:
+        scenario: dict[str, Any] = {"prompt_tokens": [32, 64], "max_tokens": 4, "extra_body": {"ignore_eos": True}}
+        if shared is not None:
+            scenario["shared_prefix"] = shared
+        cfg = tmp_path / f"{name}.yaml"
+        cfg.write_text(yaml.safe_dump({
+            "target": SOAK_CONFIG["target"],
+            "run": {"warmup": "2s", "window": "8s", "duration": "18s", "grace": "10s", "seed": 11},
+            "load": {"rate": 3.0, "mix": {"short_chat": 1}},
+            "scenarios": {"short_chat": scenario},
+            "samplers": {"interval": "1s", "nvml": {"mode": "off"}},
+            "analysis": {"quiesce": {"enabled": False}, "canary": {"enabled": False}},
+        }))
+        async with aiohttp.ClientSession() as session:
+            before = await scrape(session, vllm.origin + "/metrics")
+            rc, out, err = await run_soakd(
+                "run", "-c", str(cfg), "--target", vllm.base_url, "--metrics-host", "127.0.0.1", "--metrics-port",
+                "0", "--state-dir", str(tmp_path / name), "--log-format", "json", "--no-progress", timeout=120)
+            after = await scrape(session, vllm.origin + "/metrics")
+        # 3 (INCONCLUSIVE): 24 requests a window are too few to judge drift; the counters are what this is about
+        assert rc in (0, 1, 3) and "Traceback" not in err, err[-3000:]
+        assert before is not None and after is not None
+        hits = after.value("vllm:prefix_cache_hits_total") - before.value("vllm:prefix_cache_hits_total")
+        queries = after.value("vllm:prefix_cache_queries_total") - before.value("vllm:prefix_cache_queries_total")
+        assert queries > 0
+        report = report_of(tmp_path / name)
+        return [w["server"].get("prefix_cache_hit_ratio") for w in report["windows"]], hits / queries
+
+    shared, vllm_shared = await soak("shared", {"count": 2, "tokens": 600, "share": 1.0})
+    alone, vllm_alone = await soak("alone", None)
+    print(f"\nprefix cache: with sharing, window hit rates {shared} (vLLM over the run {vllm_shared:.3f}); "
+          f"without, {alone} (vLLM {vllm_alone:.3f})")
+    assert len(shared) == 2 and all(h is not None and h > 0.5 for h in shared), shared
+    assert len(alone) == 2 and all(h is not None and h < 0.1 for h in alone), alone
+    # soakd's windows against vLLM's counters over the whole run (warm-up and the first, cold prompts
+    # included there): the same picture
+    assert vllm_shared > 0.4 and vllm_alone < 0.1, (vllm_shared, vllm_alone)
+
+
 @pytest.mark.timeout(400)
 async def test_sweep_against_vllm(vllm: VllmServer, tmp_path: Path) -> None:
     """``soakd sweep`` against the real vLLM (closed loop 1, 2, 4, 8): every step answered in full,

@@ -226,3 +226,42 @@ def test_streams_the_outage_cut_are_the_restarts_not_garbled_output() -> None:
     # the target up: an error event in a stream is invalid output as before
     w.target_down_seconds, w.failures = 0.0, {"error_in_stream": cut}
     assert _by(diagnose(w))["garbled output"].evidence["invalid_responses"] == cut
+
+
+# ---- a falling prefix-cache hit rate (issue 23)
+
+
+def test_latency_drift_with_the_prefix_cache_hit_rate_fallen_is_named_as_its_cause() -> None:
+    rng = random.Random(11)
+    pool = [make_window(i, rng, 3000, server={"prefix_cache_hit_ratio": h}) for i, h in enumerate((0.62, 0.6, 0.64))]
+    w = make_window(5, rng, 3000, ttft_scale=1.5, scale=1.2, server={"prefix_cache_hit_ratio": 0.08})
+    f = _by(diagnose(w, drift.evaluate(w, pool[0], None), baseline=pool[0], pool=pool))
+    p = f["prefix cache hit rate fell"]
+    assert p.kind == "drift" and p.severity == "warning" and p.window == 5
+    assert p.evidence["prefix_cache_hit_ratio"] == 0.08 and p.evidence["reference_hit_ratio"] == 0.62
+    assert p.evidence["drop"] == pytest.approx(0.54)
+    assert "8.0%" in p.message and "62.0%" in p.message and "ttft_p50" in p.message
+    assert {d["metric"] for d in p.evidence["drift"]} >= {"ttft_p50", "e2e_p50"}
+    assert "performance drift" not in f  # the drift is explained by it
+
+
+def test_a_hit_rate_within_the_drop_or_without_drift_names_nothing() -> None:
+    rng = random.Random(12)
+    pool = [make_window(i, rng, 3000, server={"prefix_cache_hit_ratio": 0.6}) for i in range(3)]
+    # fell by 5 points only: the drift stays unexplained
+    w = make_window(5, rng, 3000, scale=1.3, server={"prefix_cache_hit_ratio": 0.55})
+    f = _by(diagnose(w, drift.evaluate(w, pool[0], None), baseline=pool[0], pool=pool))
+    assert "prefix cache hit rate fell" not in f and "performance drift" in f
+    # fallen, latency where it was: no finding (a hit rate alone is no failure)
+    w = make_window(6, rng, 3000, server={"prefix_cache_hit_ratio": 0.1})
+    assert "prefix cache hit rate fell" not in _by(diagnose(w, drift.evaluate(w, pool[0], None), pool=pool))
+    # a server without prefix-cache counters: nothing to compare
+    w = make_window(7, rng, 3000, scale=1.3)
+    assert "prefix cache hit rate fell" not in _by(diagnose(w, drift.evaluate(w, pool[0], None), pool=pool))
+    # a configured drop: 5 points is enough
+    w = make_window(8, rng, 3000, scale=1.3, server={"prefix_cache_hit_ratio": 0.54})
+    got = diagnose(w, drift.evaluate(w, pool[0], None), pool=pool, cfg=DiagnosisConfig(prefix_hit_drop=0.05))
+    assert "prefix cache hit rate fell" in _by(got)
+    # without a pool, the baseline window's own hit rate is the reference
+    assert "prefix cache hit rate fell" in _by(diagnose(w, drift.evaluate(w, pool[0], None), baseline=pool[0],
+                                                        cfg=DiagnosisConfig(prefix_hit_drop=0.05)))

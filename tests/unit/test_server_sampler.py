@@ -115,7 +115,8 @@ def expected(kind: str, **values: float) -> dict[tuple[str, tuple[tuple[str, str
              "prefix": "soakd_server_prefix_cache_hit_ratio", "ttft_s": "soakd_server_ttft_seconds_total",
              "ttft_n": "soakd_server_ttft_requests_total", "rss": "soakd_server_process_resident_memory_bytes",
              "start": "soakd_server_process_start_time_seconds", "restarts": "soakd_server_restarts_total",
-             "gen": "soakd_server_generation_tokens_total"}  # fmt: skip
+             "gen": "soakd_server_generation_tokens_total", "hits": "soakd_server_prefix_cache_hits_total",
+             "queries": "soakd_server_prefix_cache_queries_total"}  # fmt: skip
     values.setdefault("restarts", 0)
     out = {("soakd_server_info", (("kind", kind),)): 1.0}
     for key, value in values.items():
@@ -141,14 +142,14 @@ def sampler_for(server: MetricsServer, **config: str) -> ServerSampler:
 GOLDEN = [
     # the server's own TTFT histogram: its sum and count, over both engines
     ("vllm_v1", "vllm", expected("vllm", kv=0.375, running=8, waiting=1, preemptions=3, prefix=0.4,
-                                 ttft_s=6.917 + 7.204, ttft_n=199, rss=2.146762752e9, start=1.75923345618e9,
+                                 hits=1600, queries=4000, ttft_s=6.917 + 7.204, ttft_n=199, rss=2.146762752e9, start=1.75923345618e9,
                                  gen=20480 + 19968)),
     ("vllm_v0", "vllm", expected("vllm", kv=0.6, running=4, waiting=2, preemptions=7, prefix=0.35,
                                  ttft_s=1.34, ttft_n=7, gen=40410)),
     ("sglang", "sglang", expected("sglang", kv=0.4, running=10, waiting=3, preemptions=5, prefix=0.3,
-                                  ttft_s=1.71, ttft_n=5, gen=21873)),
+                                  hits=15000, queries=50000, ttft_s=1.71, ttft_n=5, gen=21873)),
     ("tgi", "tgi", expected("tgi", kv=30000 / 120000, running=12, waiting=4)),
-    ("llamacpp", "llamacpp", expected("llamacpp", running=2, waiting=1, prefix=766 / 2000, gen=8801)),
+    ("llamacpp", "llamacpp", expected("llamacpp", running=2, waiting=1, prefix=766 / 2000, hits=766, queries=2000, gen=8801)),
 ]
 
 
@@ -179,7 +180,8 @@ async def test_golden_trtllm_serve_found_at_prometheus_metrics() -> None:
             await sampler.aclose()
     assert sampler.table is not None and sampler.table.name == "trtllm"
     assert sampler.url == server.origin + "/prometheus/metrics"
-    assert_series(got, expected("trtllm", kv=0.3125, running=7, waiting=2, prefix=0.3, gen=41000))
+    assert_series(got, expected("trtllm", kv=0.3125, running=7, waiting=2, prefix=0.3, hits=300, queries=1000,
+                                  gen=41000))
 
 
 async def test_golden_triton_trtllm_with_explicit_url() -> None:
