@@ -160,6 +160,42 @@ def bargauge(title: str, description: str, unit: str, targets: list[dict[str, An
     }
 
 
+def table(title: str, description: str, targets: list[dict[str, Any]], columns: dict[str, str], *, w: int = 24,
+          h: int = 10, overrides: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A table of instant queries merged on their common labels (one row per pod); ``columns``: the label or
+    ``Value #<refId>`` -> its header (the others are hidden)."""
+    keep = list(columns)
+    return {
+        "type": "table", "title": title, "description": description, "_w": w, "_h": h,
+        "targets": [dict(t, format="table") for t in targets],
+        "fieldConfig": {"defaults": {"unit": "none", "custom": {"align": "auto", "cellOptions": {"type": "auto"}},
+                                     "thresholds": GREEN, "mappings": []},
+                        "overrides": overrides or []},
+        "options": {"showHeader": True, "cellHeight": "sm", "footer": {"show": False, "reducer": ["sum"]},
+                    "sortBy": [{"displayName": columns[keep[-1]], "desc": True}]},
+        "transformations": [
+            {"id": "merge", "options": {}},
+            {"id": "filterFieldsByName", "options": {"include": {"names": keep}}},
+            {"id": "organize", "options": {"indexByName": {k: i for i, k in enumerate(keep)},
+                                           "renameByName": columns}},
+        ],
+    }
+
+
+def status_history(title: str, description: str, unit: str, targets: list[dict[str, Any]], th: dict[str, Any],
+                   *, w: int = 12, h: int = 8) -> dict[str, Any]:
+    """Rows of cells over time (one row per series): a heatmap of pods x windows."""
+    return {
+        "type": "status-history", "title": title, "description": description, "_w": w, "_h": h,
+        "targets": targets,
+        "fieldConfig": {"defaults": {"unit": unit, "color": {"mode": "thresholds"}, "thresholds": th,
+                                     "custom": {"fillOpacity": 80, "lineWidth": 1}}, "overrides": []},
+        "options": {"showValue": "auto", "rowHeight": 0.9, "colWidth": 0.9,
+                    "legend": {"showLegend": True, "displayMode": "list", "placement": "bottom"},
+                    "tooltip": {"mode": "single", "sort": "none"}},
+    }
+
+
 def row(title: str) -> dict[str, Any]:
     return {"type": "row", "title": title, "collapsed": False, "panels": []}
 
@@ -625,7 +661,81 @@ def sweep() -> dict[str, Any]:
         panels, [], [])
 
 
-DASHBOARDS = {"soakd-overview.json": overview, "soakd-device.json": device, "soakd-sweep.json": sweep}
+# ---- soakd / Fleet -----------------------------------------------------------------------------
+
+# per pod: the labels a table row is merged on
+POD = "namespace, pod, instance"
+# a pod's window level against its peers' median: green within soakd's 5% drift threshold
+WORSE_UP = thresholds((None, "blue"), (-0.05, "green"), (0.05, "orange"), (0.15, "red"))
+WORSE_DOWN = thresholds((None, "red"), (-0.15, "orange"), (-0.05, "green"), (0.05, "blue"))
+
+
+def fm(name: str, metric: str) -> str:
+    """A fleet recorded series of one metric, with the shared target selector."""
+    return m(f"soakd:fleet:{name}", f'metric="{metric}"')
+
+
+def fleet() -> dict[str, Any]:
+    f = "soakd:fleet:"
+    heat = "[$__interval]"
+    panels = [
+        row("Pods against their peers (the same model, GPU model, server kind and version)"),
+        table("Pods", "One row per pod: its verdict so far, the metric where it is furthest from its peers' median "
+              "(robust z-score: 1.4826 x the peers' median absolute deviation, plus 3% of the median) and by how "
+              "much, its throttle and leak state. SoakdFleetOutlier fires at |z| > 3.5 and 5% for a whole window.",
+              [target(f"max by ({POD}) (soakd_verdict_pass{sel()})", instant=True),
+               target(f"topk by ({POD}) (1, abs({f}robust_z{sel()}))", instant=True),
+               target(f"max by ({POD}) (soakd_throttle_detected{sel()})", instant=True),
+               target(f"max by ({POD}) (soakd_memory_leak_suspected{sel()})", instant=True),
+               target(f"max by ({POD}, model, gpu_model, server, server_version) (soakd_target_info{sel()})",
+                      instant=True)],
+              {"pod": "pod", "instance": "instance", "model": "model", "gpu_model": "GPU",
+               "server_version": "server version", "Value #A": "verdict (1 = passing)", "metric": "worst metric",
+               "Value #C": "throttling", "Value #D": "leak suspected", "Value #B": "|z| of the worst metric"}),
+        status_history("e2e p50 against the fleet", "Each pod's e2e p50 of its last closed window over its peers' "
+                       "median, minus 1, over time: a row per pod, a cell per scrape of each window's value. A "
+                       "row red from its first window is a slow pod; every row turning red together is the fleet.",
+                       "percentunit", [target(f"max_over_time({fm('ratio', 'e2e_p50')}{heat})",
+                                              "{{pod}}")], WORSE_UP),
+        status_history("TTFT p95 against the fleet", "Each pod's TTFT p95 against its peers' median (ratio - 1).",
+                       "percentunit", [target(f"max_over_time({fm('ratio', 'ttft_p95')}{heat})",
+                                              "{{pod}}")], WORSE_UP),
+        status_history("Output tokens/s against the fleet", "Each pod's output tokens/s against its peers' median "
+                       "(ratio - 1): red below.", "percentunit",
+                       [target(f"min_over_time({fm('ratio', 'output_tokens_per_second')}{heat})",
+                               "{{pod}}")], WORSE_DOWN),
+        status_history("Energy per token against the fleet", "Each pod's joules per output token against its "
+                       "peers' median (ratio - 1): a GPU that needs more power for the same work.", "percentunit",
+                       [target(f"max_over_time({fm('ratio', 'energy_per_token')}{heat})",
+                               "{{pod}}")], WORSE_UP),
+        row("Robust z-scores and levels"),
+        timeseries("Robust z-score by pod and metric", "(value - peers' median) / (1.4826 x MAD + 3% of the "
+                   "median): the alert's lines at +/-3.5.", "none",
+                   [target(f"{f}robust_z{sel()}", "{{pod}} {{metric}}")], w=12,
+                   th=thresholds((None, "red"), (-3.5, "green"), (3.5, "red")), th_style="dashed"),
+        timeseries("e2e p50: pods and the fleet median", "The level each pod's last window had, and its peers' "
+                   "median.", "s",
+                   [target(f"{fm('window_value', 'e2e_p50')}", "{{pod}}"),
+                    target(f"{fm('median', 'e2e_p50')}", "fleet median {{model}} {{gpu_model}}")],
+                   w=12, min_=0),
+        timeseries("Memory growth: pods and the fleet median", "Device memory growth per hour from each pod's leak "
+                   "trend (Theil-Sen across windows), and its peers' median.", "bytes",
+                   [target(f"{f}memory_growth_bytes_per_hour{sel()}", "{{pod}}"),
+                    target(f"{f}memory_growth_median_bytes_per_hour{sel()}", "fleet median")], w=12),
+        bargauge("Peers", "Pods in each peer group (a z-score needs three or more).", "none",
+                 [target(f"max by (model, gpu_model, server, server_version) ({f}peers{sel()})",
+                         "{{model}} {{gpu_model}} {{server}} {{server_version}}", instant=True)], w=12, min_=0),
+    ]
+    return dashboard(
+        "soakd-fleet", "soakd / Fleet",
+        "Every pod's soakd sidecar against its peers (the same model, GPU model, server kind and version): which "
+        "GPU is the bad one. Recording rules: deploy/prometheus/rules.yml, group soakd.fleet; alert "
+        "SoakdFleetOutlier.",
+        panels, [], [])
+
+
+DASHBOARDS = {"soakd-overview.json": overview, "soakd-device.json": device, "soakd-sweep.json": sweep,
+              "soakd-fleet.json": fleet}
 
 
 def render(build: Any) -> str:

@@ -149,6 +149,11 @@ CATALOGUE: tuple[MetricSpec, ...] = (
                "Index of the current analysis window (0 = first window after warm-up; -1 during warm-up).",
                group="run"),
     MetricSpec("soakd_run_start_timestamp_seconds", "gauge", "Unix time the run started.", group="run"),
+    MetricSpec("soakd_target_info", "info",
+               "What a fleet's peers share (value 1): the target's model, the server's kind and version, the GPU "
+               "model soakd samples ('+' between several; empty without a GPU sampler). The fleet rules compare "
+               "pods with the same four (deploy/prometheus/rules.yml).",
+               ("model", "server", "server_version", "gpu_model"), group="load"),
     MetricSpec("soakd_build_info", "info", "soakd version (value 1).", ("version",), group="self"),
     MetricSpec("soakd_log_dropped_total", "counter",
                "Log lines dropped: stdout did not take them (a stalled log driver or terminal, 10,000 lines queued "
@@ -322,8 +327,9 @@ CATALOGUE: tuple[MetricSpec, ...] = (
                "Device memory used by the target's processes (when NVML shows them).", ("gpu", "uuid"),
                group="device"),
     # ---- inference server, normalised from its own /metrics
-    MetricSpec("soakd_server_info", "info", "Detected inference server kind (vllm, sglang, tgi, trtllm, llamacpp).",
-               ("kind",), group="server"),
+    MetricSpec("soakd_server_info", "info", "Detected inference server kind (vllm, sglang, tgi, trtllm, llamacpp) "
+               "and the version the server says (GET /version, /get_server_info, /info or /props; empty when none).",
+               ("kind", "version"), group="server"),
     MetricSpec("soakd_server_kv_cache_usage_ratio", "gauge", "KV-cache usage, 0-1 (absent when the server has "
                "no KV gauge).", group="server"),
     MetricSpec("soakd_server_requests_running", "gauge", "Requests the server is running.", group="server"),

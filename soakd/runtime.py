@@ -45,7 +45,7 @@ from soakd.soak.driver import LoadDriver
 from soakd.soak.events import EventLog
 from soakd.soak.wedge import WedgeWatch
 from soakd.analysis.ab import AbJudge
-from soakd.soak.exporter import AbExporter, AnalysisExporter
+from soakd.soak.exporter import AbExporter, AnalysisExporter, TargetIdentity
 from soakd.soak.target_run import TargetRun
 from soakd.soak.pipeline import WindowPipeline
 from soakd.soak.quiesce import QuiesceProber
@@ -135,9 +135,8 @@ class Runtime:
         self.wedge: WedgeWatch | None = None  # set with the load (soakd.soak.wedge)
         self.runners = [SamplerRunner(s, interval) for s, interval in build_samplers(config, nvml_module=nvml_module)]
         self.telemetry = TelemetryRouter(self.runners)
-        self.metrics.sources.append(SnapshotCollector(self.runners))
-        if judge is not None:
-            self.metrics.sources.append(AbExporter(self.analyzer))
+        self.metrics.sources += [SnapshotCollector(self.runners)] + ([AbExporter(self.analyzer)] if judge is not None else [])
+        self.metrics.target_sources.append((primary.name, TargetIdentity(lambda: primary.model, self.runners)))
         self.status = StatusBoard(config, session=self.session, metrics=self.metrics, runners=self.runners,
                                   analyzer=self.analyzer, clock=clock)
         if candidates:

@@ -281,6 +281,10 @@ class Scraper:
         self.timeout = timeout
         self.limit = limit
 
+    def session(self) -> aiohttp.ClientSession:
+        """The session scrapes go over (for other GETs to the same server)."""
+        return self._session()
+
     def _session(self) -> aiohttp.ClientSession:
         if self._factory is not None:
             return self._factory()

@@ -43,7 +43,8 @@ Normalised series (catalogue group "server"):
   server's own TTFT and inter-token histograms (vLLM, SGLang), summed over engines. Per window their
   differences give the server's mean TTFT and ITL, which the window summary sets beside soakd's
   (``soakd_window_server_latency_difference_seconds``: what the network and the client add).
-- ``soakd_server_info{kind}``: the detected table's kind.
+- ``soakd_server_info{kind,version}``: the detected table's kind, and the server's version where it says one
+  (``soakd.samplers.version``: asked with the first scrapes that answer; empty otherwise).
 - ``soakd_server_process_resident_memory_bytes`` / ``_process_start_time_seconds``: the server's own
   ``process_*`` series where it exports them (Python servers through prometheus_client): its host
   memory when soakd cannot see its processes, and its start time.
@@ -85,6 +86,7 @@ from soakd.samplers.promtext import (
     ref,
     total,
 )
+from soakd.samplers.version import server_version
 
 log = structlog.get_logger("soakd.samplers.server")
 
@@ -338,10 +340,10 @@ def prefix_hit_ratio(table: ServerTable, expo: Exposition) -> float | None:
     return None
 
 
-def normalise(table: ServerTable, expo: Exposition) -> tuple[list[Series], bool]:
+def normalise(table: ServerTable, expo: Exposition, version: str = "") -> tuple[list[Series], bool]:
     """The soakd_server_* series of one scrape, and whether a KV gauge was found."""
     rep = table.replica_labels
-    out = [series("soakd_server_info", 1, kind=table.kind)]
+    out = [series("soakd_server_info", 1, kind=table.kind, version=version)]
     kv = kv_usage(table, expo)
     if kv is not None and not math.isnan(kv):
         out.append(series("soakd_server_kv_cache_usage_ratio", kv))
@@ -425,6 +427,9 @@ class RestartDetector:
 # ---------------------------------------------------------------------------------------------
 
 
+VERSION_ASKS = 3  # scrapes that ask the server its version before soakd stops asking (an empty label)
+
+
 class ServerSampler:
     """Scrapes the inference server's /metrics into the soakd_server_* series."""
 
@@ -444,6 +449,10 @@ class ServerSampler:
         self._scraper = Scraper(session_factory)
         self._no_kv_logged: set[str] = set()
         self.restarts = RestartDetector()
+        target = URL(target_url)
+        self.origin = str(target.origin()) if target.is_absolute() and target.scheme in ("http", "https") else None
+        self.version: str | None = None  # the server's own version (soakd.samplers.version), asked once it answers
+        self._version_asks = 0
 
     async def sample(self) -> list[Series]:
         expo, url = await self._scrape()
@@ -454,7 +463,12 @@ class ServerSampler:
                      previous=self.table.name if self.table else None)  # fmt: skip
             self.table = table
         self.url = url
-        out, has_kv = normalise(table, expo)
+        if self.version is None and self._version_asks < VERSION_ASKS and self.origin is not None:
+            self._version_asks += 1
+            self.version = await server_version(self._scraper.session(), self.origin)
+            if self.version is not None:
+                log.info("server_version", kind=table.kind, version=self.version)
+        out, has_kv = normalise(table, expo, self.version or "")
         why = self.restarts.update(out)
         if why is not None:
             log.warning("server_restart_detected", url=redact_url(url), restarts=self.restarts.restarts, why=why)

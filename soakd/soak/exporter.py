@@ -1,9 +1,23 @@
 """The analysis results on /metrics: a snapshot source that reads the analysis detectors' states
-(``Analyzer.states()``) at scrape time (no I/O) and turns them into the catalogue's analysis families."""
+(``Analyzer.states()``) at scrape time (no I/O) and turns them into the catalogue's analysis families; and
+the target's identity (``TargetIdentity``).
+
+``soakd_target_info``: what a pod's peers in a fleet must share to be compared with it, on one series.
+
+In a cluster every pod runs its sidecar and Prometheus compares each pod's window levels with its peers'
+(deploy/prometheus/rules.yml, group ``soakd.fleet``): peers are the pods that soak the same model on the
+same GPU model behind the same server kind and version. This source puts the four on one info series,
+``soakd_target_info{target, model, server, server_version, gpu_model}``, so that the fleet rules join one
+series instead of three: the model is the target's resolved model; the server's kind and version are the
+server sampler's (``soakd_server_info``); the GPU model is the product name the NVML or DCGM sampler reads
+(``soakd_gpu_info``; several names joined by ``+``, empty without a GPU sampler). Nothing until the model
+is known (the target answered).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client.core import Metric
 
@@ -15,6 +29,7 @@ from soakd.analysis.engine import LEAK_SOURCES_BYTES, Analyzer, FindingsState, P
 from soakd.core.findings import KINDS
 from soakd.core.reasons import CLOCKS_EVENT_REASON_NAMES
 from soakd.metrics import BY_NAME
+from soakd.samplers.base import SamplerRunner
 
 # soakd_findings_total: every kind of the finding registry (ab only in A/B runs)
 FINDING_KINDS = tuple(k for k in KINDS if k != "ab")
@@ -175,3 +190,43 @@ class AnalysisExporter:
         vp = BY_NAME["soakd_verdict_pass"].family()
         vp.add_metric([], 0.0 if found.failing else 1.0)
         yield vp
+
+
+_STALE = 3600.0  # identity does not go stale with a failing scrape: the last one read stays
+
+
+class TargetIdentity:
+    """A ``SoakMetrics`` target source: ``soakd_target_info`` of one target."""
+
+    def __init__(self, model: Callable[[], str | None], runners: Sequence[SamplerRunner] = (),
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.model = model
+        self.runners = runners
+        self.clock = clock
+        self._server = ("", "")
+        self._gpus = ""
+
+    def _read(self) -> None:
+        now = self.clock()
+        gpus: set[str] = set()
+        seen_gpu = False
+        for r in self.runners:
+            for s in r.fresh(now, _STALE):
+                if s.name == "soakd_server_info":
+                    self._server = (s.label("kind") or "", s.label("version") or "")
+                elif s.name == "soakd_gpu_info":
+                    seen_gpu = True
+                    if s.label("name"):
+                        gpus.add(str(s.label("name")))
+        if seen_gpu:
+            self._gpus = "+".join(sorted(gpus))
+
+    def __call__(self) -> Iterator[Metric]:
+        model = self.model()
+        if not model:
+            return
+        self._read()
+        fam = BY_NAME["soakd_target_info"].family()
+        server, version = self._server
+        fam.add_metric([model, server, version, self._gpus], {})
+        yield fam

@@ -162,12 +162,23 @@ def test_names_exist_in_the_catalogue() -> None:
 
 
 def test_recording_rule_names() -> None:
-    for rule in load_rules():
-        if "record" in rule:
-            assert re.fullmatch(r"soakd:[a-z0-9_]+:[a-z0-9_]+", rule["record"]), rule["record"]
-            assert ":" not in rule["expr"].replace("soakd:", ""), f"{rule['record']} reads another recorded series"
-        else:
-            assert re.fullmatch(r"Soakd[A-Za-z0-9]+", rule["alert"])
+    """Names follow level:metric:operations; a recording rule reads soakd's own series, or series recorded
+    before it in its own group (the fleet's median, then the deviations from it): Prometheus evaluates a
+    group's rules in order, each on the results of the ones before it in the same evaluation, whereas a series
+    of another group would be one evaluation behind (or not there at all in a Prometheus that loads only
+    one group)."""
+    for path in RULE_FILES:
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            before: set[str] = set()
+            for rule in group["rules"]:
+                if "record" not in rule:
+                    assert re.fullmatch(r"Soakd[A-Za-z0-9]+", rule["alert"])
+                    continue
+                assert re.fullmatch(r"soakd:[a-z0-9_]+:[a-z0-9_]+", rule["record"]), rule["record"]
+                read = set(re.findall(r"soakd:[a-z0-9_]+:[a-z0-9_]+", rule["expr"]))
+                assert read <= before, f"{rule['record']} reads {sorted(read - before)}, not recorded before it"
+                assert ":" not in re.sub(r"soakd:[a-z0-9_]+:[a-z0-9_]+", "", rule["expr"]), rule["record"]
+                before.add(rule["record"])
 
 
 def test_every_alert_has_a_firing_and_a_silent_case() -> None:

@@ -236,7 +236,7 @@ def _walk(node: Any, path: str = "") -> Iterator[tuple[str, str, Any]]:
 @pytest.fixture(scope="module")
 def dashboards() -> dict[str, dict[str, Any]]:
     found = load_dashboards()
-    assert set(found) == {"soakd-overview.json", "soakd-device.json", "soakd-sweep.json"}, sorted(found)
+    assert set(found) == {"soakd-overview.json", "soakd-device.json", "soakd-sweep.json", "soakd-fleet.json"}, sorted(found)
     return found
 
 
@@ -415,7 +415,7 @@ def test_kustomization_builds_the_sidecar_configmap() -> None:
     assert out.returncode == 0, out.stderr
     (cm,) = list(yaml.safe_load_all(out.stdout))
     assert cm["kind"] == "ConfigMap" and cm["metadata"]["labels"]["grafana_dashboard"] == "1"
-    assert set(cm["data"]) == {"soakd-overview.json", "soakd-device.json", "soakd-sweep.json"}
+    assert set(cm["data"]) == {"soakd-overview.json", "soakd-device.json", "soakd-sweep.json", "soakd-fleet.json"}
     json.loads(cm["data"]["soakd-overview.json"])
 
 

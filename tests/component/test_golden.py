@@ -48,6 +48,12 @@ ratio/h, at window 4 (5 windows) -inf..inf -> -57.88..59.76; ``kv_residue`` at w
 both 0) -inf..inf -> 0..0 (every y tied: the interval is the zero slope, as scipy has it). No slope,
 status, flag, finding or verdict moved.
 
+Regenerated for issue 23 (the prefix cache per window, the fleet view), ``live-shape.json`` only: the live run's
+/metrics gains ``soakd_server_prefix_cache_hits_total`` / ``_queries_total``,
+``soakd_window_prefix_cache_hit_ratio``, ``soakd_target_info`` and a ``version`` label on ``soakd_server_info``; the
+report's windows and table rows gain ``prefix_cache_hit_ratio`` (the simulator has a prefix cache now). Nothing
+else moved.
+
 Regenerated for issue 20 (item 6, secrets by type, not by name), ``report-*.{json,md}`` only: the
 report shows the stored configuration as it is (credentials were masked by their type when it was
 stored), no longer masking keys whose names merely look secret, so ``run.config.target.timeouts.first_token``
@@ -562,7 +568,8 @@ async def test_live_run_shape(tmp_path: Path) -> None:
     # intended difference of the exposition's shape since the golden file
     from soakd.metrics import CATALOGUE
 
-    targeted = {m.family_name for m in CATALOGUE if m.targeted}
+    # (an info metric is exposed as a gauge under its full name: soakd_target_info)
+    targeted = {m.name if m.kind == "info" else m.family_name for m in CATALOGUE if m.targeted}
     for fam in text_string_to_metric_families(metrics):
         for smp in fam.samples:
             assert (smp.labels.get("target") == "main") == (fam.name in targeted), (fam.name, smp.labels)

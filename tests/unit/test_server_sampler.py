@@ -26,6 +26,7 @@ from soakd.samplers.base import SamplerRunner, SamplerUnavailable, SnapshotColle
 from soakd.samplers.promtext import Exposition, ScrapeError, counter_names, parse_exposition, redact_url, ref
 from soakd.core.series import series
 from soakd.samplers.server import TABLES, RestartDetector, ServerSampler, detect, metrics_urls, normalise
+from soakd.samplers.version import VERSION_PATHS
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -118,7 +119,7 @@ def expected(kind: str, **values: float) -> dict[tuple[str, tuple[tuple[str, str
              "gen": "soakd_server_generation_tokens_total", "hits": "soakd_server_prefix_cache_hits_total",
              "queries": "soakd_server_prefix_cache_queries_total"}  # fmt: skip
     values.setdefault("restarts", 0)
-    out = {("soakd_server_info", (("kind", kind),)): 1.0}
+    out = {("soakd_server_info", (("kind", kind), ("version", ""))): 1.0}  # no version path answers here
     for key, value in values.items():
         out[(names[key], ())] = value
     return out
@@ -173,6 +174,8 @@ async def test_golden_trtllm_serve_found_at_prometheus_metrics() -> None:
         sampler = sampler_for(server)
         try:
             got = await sampler.sample()
+            for _ in range(2):  # the version paths asked with the first three scrapes (none answers here)
+                await sampler.sample()
             hits = server.hits
             await sampler.sample()  # sticky: the working URL is tried first
             assert server.hits == hits + 1
@@ -399,7 +402,7 @@ async def test_detection_is_sticky_and_follows_a_server_swap() -> None:
                 server.serve("/metrics", fixture("vllm_v1"))
                 got = as_dict(await sampler.sample())
                 assert sampler.table.name == "vllm"
-                assert got[("soakd_server_info", (("kind", "vllm"),))] == 1
+                assert got[("soakd_server_info", (("kind", "vllm"), ("version", "")))] == 1
         finally:
             await sampler.aclose()
     detected = [(e["kind"], e["previous"]) for e in logs if e["event"] == "server_kind_detected"]
@@ -531,7 +534,7 @@ async def test_snapshot_collector_exports_the_catalogue_names() -> None:
 
     reg = CollectorRegistry()
     reg.register(_C())  # type: ignore[arg-type]
-    assert reg.get_sample_value("soakd_server_info", {"kind": "sglang"}) == 1.0
+    assert reg.get_sample_value("soakd_server_info", {"kind": "sglang", "version": ""}) == 1.0
     assert reg.get_sample_value("soakd_server_kv_cache_usage_ratio") == pytest.approx(0.4)
     assert reg.get_sample_value("soakd_server_requests_waiting") == 3
     assert reg.get_sample_value("soakd_server_preemptions_total") == 5
@@ -579,7 +582,8 @@ async def test_a_shared_session_is_used_and_not_closed() -> None:
             await sampler.sample()
             await sampler.sample()
             await sampler.aclose()
-            assert calls == 2
+            # each scrape, and the version asked with each (its paths over one session): all on the shared one
+            assert calls == 2 * 2
             assert not shared.closed
 
 
@@ -593,6 +597,7 @@ def test_exposition_selectors() -> None:
 
 
 async def test_the_embedded_simulator_reads_as_vllm() -> None:
+    from soakd import __version__
     from soakd.sim import SimConfig, SimServer
 
     async with SimServer(SimConfig(port=0, host="127.0.0.1")) as sim:
@@ -601,7 +606,7 @@ async def test_the_embedded_simulator_reads_as_vllm() -> None:
             got = as_dict(await sampler.sample())
         finally:
             await sampler.aclose()
-    assert got[("soakd_server_info", (("kind", "vllm"),))] == 1
+    assert got[("soakd_server_info", (("kind", "vllm"), ("version", f"soakd-sim {__version__}")))] == 1
     assert got[("soakd_server_requests_running", ())] == 0
     assert got[("soakd_server_requests_waiting", ())] == 0
     assert 0 <= got[("soakd_server_kv_cache_usage_ratio", ())] <= 1
@@ -685,3 +690,64 @@ async def test_a_slow_server_times_out_with_a_clear_error() -> None:
         finally:
             release.set()
             await scraper.aclose()
+
+
+@pytest.mark.parametrize(("path", "body", "want"), [
+    ("/version", '{"version": "0.11.0"}', "0.11.0"),  # vLLM
+    ("/get_server_info", '{"version": "0.5.4", "tp_size": 1}', "0.5.4"),  # SGLang
+    ("/info", '{"model_id": "m", "version": "3.3.6"}', "3.3.6"),  # TGI
+    ("/props", '{"build_info": "b6450-1ee9d0b5", "total_slots": 4}', "b6450-1ee9d0b5"),  # llama.cpp
+    ("/version", "<html>not json</html>", ""),
+    ("/version", '{"version": ""}', ""),
+    ("/elsewhere", '{"version": "9"}', ""),
+])
+async def test_the_servers_version_is_asked_once_it_answers(path: str, body: str, want: str) -> None:
+    """soakd_server_info{version}: the first of /version, /get_server_info, /info, /props whose JSON says one;
+    empty when none does, asked with the first three scrapes only (then never again)."""
+    async with serving(fixture("vllm_v1")) as server:
+        server.serve(path, body, ctype="application/json")
+        sampler = sampler_for(server)
+        try:
+            got = [as_dict(await sampler.sample()) for _ in range(5)]
+            hits = server.hits
+            await sampler.sample()
+            after = server.hits
+        finally:
+            await sampler.aclose()
+    for g in got:
+        assert g[("soakd_server_info", (("kind", "vllm"), ("version", want)))] == 1
+    # one scrape each; the version paths asked 3 times at most (4 each) where none answered, once where one did
+    assert after - hits == 1
+    assert hits == 5 + (1 + [p for p, _ in VERSION_PATHS].index(path) if want else 3 * len(VERSION_PATHS))
+
+
+class _Runner:
+    """A sampler runner's latest snapshot (what ``TargetIdentity`` reads)."""
+
+    def __init__(self, series_: list[Series]) -> None:
+        self.series = series_
+
+    def fresh(self, now: float, staleness: float) -> list[Series]:
+        return self.series
+
+
+def test_target_info_carries_what_a_fleets_peers_share() -> None:
+    """soakd_target_info{model, server, server_version, gpu_model}: the resolved model, the server sampler's kind
+    and version, the GPU sampler's product names ('+' between several); nothing before the model is known."""
+    from soakd.soak.exporter import TargetIdentity
+
+    server = _Runner([series("soakd_server_info", 1, kind="vllm", version="0.11.0")])
+    gpus = _Runner([Series("soakd_gpu_info", 1.0, (("gpu", str(i)), ("uuid", f"GPU-{i}"), ("name", name)))
+                    for i, name in enumerate(("NVIDIA H200", "NVIDIA H200", "NVIDIA H100 80GB HBM3"))])
+    model: list[str | None] = [None]
+    ident = TargetIdentity(lambda: model[0], [server, gpus])  # type: ignore[list-item]
+    assert list(ident()) == []
+    model[0] = "meta-llama/Llama-3.1-8B-Instruct"
+    (fam,) = list(ident())
+    (sample,) = fam.samples
+    assert sample.name == "soakd_target_info" and sample.value == 1.0
+    assert sample.labels == {"model": "meta-llama/Llama-3.1-8B-Instruct", "server": "vllm", "server_version": "0.11.0",
+                             "gpu_model": "NVIDIA H100 80GB HBM3+NVIDIA H200"}
+    # no GPU sampler, no server metrics: empty labels, still one series per target
+    (fam,) = list(TargetIdentity(lambda: "m")())
+    assert fam.samples[0].labels == {"model": "m", "server": "", "server_version": "", "gpu_model": ""}
