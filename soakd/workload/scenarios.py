@@ -12,7 +12,7 @@ from typing import Any
 
 from soakd.config import ConfigError, ScenarioConfig, SoakConfig
 from soakd.workload.corpus import Corpus, code_prompt
-from soakd.workload.trace import load_trace, replay_text
+from soakd.workload.trace import json_lines, load_trace, replay_text
 
 CHAT_TEMPLATE_OVERHEAD = 8
 """Tokens a chat template adds around one user message (Llama-3 ≈ 10, Qwen ≈ 9, the simulator 0+).
@@ -158,13 +158,7 @@ def _load_dataset(path: Path, kind: str, _size: int, _mtime_ns: int) -> list[lis
         raise ConfigError([f"{where}: cannot read it: {exc}"]) from None
     items: list[list[dict[str, str]]] = []
     if kind == "jsonl":
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError as exc:
-                raise ConfigError([f"{where} line {lineno}: not valid JSON: {exc}"]) from None
+        for lineno, obj in json_lines(where, text):
             msgs = obj.get("messages") if isinstance(obj, dict) else obj
             if not _valid_messages(msgs):
                 raise ConfigError([f"{where} line {lineno}: expected an OpenAI messages list "

@@ -178,14 +178,21 @@ def _timestamp(path: Path, line: int, v: Any, name: str, scale: float) -> float:
     return float(v) * scale
 
 
-def _json_lines(path: Path, text: str) -> Iterator[tuple[int, dict[str, Any]]]:
+def json_lines(where: str, text: str) -> Iterator[tuple[int, Any]]:
+    """The JSON value of every non-blank line of a JSONL file, with its line number; a line that is not JSON
+    stops the start with ``<where> line <n>: not valid JSON`` (a trace here, a dataset in
+    ``soakd.workload.scenarios``)."""
     for lineno, raw in enumerate(text.splitlines(), 1):
         if not raw.strip():
             continue
         try:
-            obj = json.loads(raw)
+            yield lineno, json.loads(raw)
         except ValueError as exc:
-            raise ConfigError([f"trace {path} line {lineno}: not valid JSON: {exc}"]) from None
+            raise ConfigError([f"{where} line {lineno}: not valid JSON: {exc}"]) from None
+
+
+def _json_lines(path: Path, text: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    for lineno, obj in json_lines(f"trace {path}", text):
         if not isinstance(obj, dict):
             raise ConfigError([f"trace {path} line {lineno}: expected a JSON object, got {type(obj).__name__}"])
         yield lineno, obj
