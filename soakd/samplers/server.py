@@ -44,7 +44,8 @@ Normalised series (catalogue group "server"):
   differences give the server's mean TTFT and ITL, which the window summary sets beside soakd's
   (``soakd_window_server_latency_difference_seconds``: what the network and the client add).
 - ``soakd_server_info{kind,version}``: the detected table's kind, and the server's version where it says one
-  (``soakd.samplers.version``: asked with the first scrapes that answer; empty otherwise).
+  (``soakd.samplers.version``: asked in the background once scrapes answer, again after a restart; empty
+  until it answers or where it says none).
 - ``soakd_server_process_resident_memory_bytes`` / ``_process_start_time_seconds``: the server's own
   ``process_*`` series where it exports them (Python servers through prometheus_client): its host
   memory when soakd cannot see its processes, and its start time.
@@ -59,6 +60,9 @@ prometheus_client's multiprocess mode adds to TRT-LLM's gauges).
 The URL ``auto`` is the target's origin + ``/metrics`` (vLLM, SGLang, TGI, llama.cpp), then
 ``/prometheus/metrics`` (trtllm-serve, whose ``/metrics`` is JSON iteration stats). Triton serves
 metrics on its own port (8002): set ``samplers.server.url``.
+
+Longer than 500 lines: the tables of six servers' metric names and the normalisation that reads them
+belong together (a name is added in one place, beside the code that reads it).
 """
 
 from __future__ import annotations
@@ -86,7 +90,7 @@ from soakd.samplers.promtext import (
     ref,
     total,
 )
-from soakd.samplers.version import server_version
+from soakd.samplers.version import VersionAsker
 
 log = structlog.get_logger("soakd.samplers.server")
 
@@ -427,9 +431,6 @@ class RestartDetector:
 # ---------------------------------------------------------------------------------------------
 
 
-VERSION_ASKS = 3  # scrapes that ask the server its version before soakd stops asking (an empty label)
-
-
 class ServerSampler:
     """Scrapes the inference server's /metrics into the soakd_server_* series."""
 
@@ -450,9 +451,12 @@ class ServerSampler:
         self._no_kv_logged: set[str] = set()
         self.restarts = RestartDetector()
         target = URL(target_url)
-        self.origin = str(target.origin()) if target.is_absolute() and target.scheme in ("http", "https") else None
-        self.version: str | None = None  # the server's own version (soakd.samplers.version), asked once it answers
-        self._version_asks = 0
+        origin = str(target.origin()) if target.is_absolute() and target.scheme in ("http", "https") else None
+        self.versions = VersionAsker(origin)  # the server's own version, asked in the background
+
+    @property
+    def version(self) -> str | None:
+        return self.versions.version
 
     async def sample(self) -> list[Series]:
         expo, url = await self._scrape()
@@ -463,14 +467,10 @@ class ServerSampler:
                      previous=self.table.name if self.table else None)  # fmt: skip
             self.table = table
         self.url = url
-        if self.version is None and self._version_asks < VERSION_ASKS and self.origin is not None:
-            self._version_asks += 1
-            self.version = await server_version(self._scraper.session(), self.origin)
-            if self.version is not None:
-                log.info("server_version", kind=table.kind, version=self.version)
         out, has_kv = normalise(table, expo, self.version or "")
         why = self.restarts.update(out)
         if why is not None:
+            self.versions.restarted()
             log.warning("server_restart_detected", url=redact_url(url), restarts=self.restarts.restarts, why=why)
         out.append(series("soakd_server_restarts_total", self.restarts.restarts))
         if not has_kv and table.name not in self._no_kv_logged:
@@ -478,6 +478,7 @@ class ServerSampler:
             log.info("server_no_kv_gauge", kind=table.kind, url=redact_url(url),
                      detail="no KV-cache gauge in this server's metrics; soakd_server_kv_cache_usage_ratio "
                             "is not exported")  # fmt: skip
+        self.versions.poll(self._scraper.session())
         return out
 
     def sticky(self) -> list[Series]:
@@ -507,4 +508,5 @@ class ServerSampler:
         raise errors[0]
 
     async def aclose(self) -> None:
+        await self.versions.aclose()
         await self._scraper.aclose()

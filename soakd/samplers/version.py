@@ -5,17 +5,27 @@ Each server says it at its own path (read from each server's source): vLLM ``GET
 (``{"version": "0.11.0"}``; soakd's simulator too), SGLang ``GET /get_server_info`` (``version``), TGI
 ``GET /info`` (``version``), llama.cpp's llama-server ``GET /props`` (``build_info``). The first JSON
 object with a non-empty field wins; a server that says none of them has no version (an empty label).
+
+``VersionAsker`` asks in the background, beside the scrapes rather than inside them: a server that hangs on
+``/version`` (or on every path) must not make the sampler's scrape late (its runner's timeout is 0.9 of the
+interval). It asks once per scrape until one attempt gives a version or ``ASKS`` attempts have finished
+without one, one attempt in flight at a time, each bounded by ``LIMIT`` seconds; after a server restart it
+asks again (an upgrade changes the version), keeping the version it had until a new one answers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import aiohttp
+import structlog
 
 from soakd.samplers.promtext import ScrapeError, fetch
 
-__all__ = ["VERSION_PATHS", "server_version"]
+__all__ = ["ASKS", "LIMIT", "VERSION_PATHS", "VersionAsker", "server_version"]
+
+log = structlog.get_logger("soakd.samplers.version")
 
 VERSION_PATHS: tuple[tuple[str, str], ...] = (
     ("/version", "version"),
@@ -25,6 +35,8 @@ VERSION_PATHS: tuple[tuple[str, str], ...] = (
 )
 _TIMEOUT = aiohttp.ClientTimeout(total=2.0)
 MAX_LENGTH = 64  # a label value, not a document
+ASKS = 3  # finished attempts without a version before soakd stops asking (an empty label)
+LIMIT = 5.0  # seconds one attempt (every path) may take
 
 
 async def server_version(session: aiohttp.ClientSession, origin: str) -> str | None:
@@ -42,3 +54,53 @@ async def server_version(session: aiohttp.ClientSession, origin: str) -> str | N
         if isinstance(value, str | int | float) and not isinstance(value, bool) and str(value).strip():
             return str(value).strip()[:MAX_LENGTH]
     return None
+
+
+class VersionAsker:
+    """The server's version, asked in the background (see the module's docstring)."""
+
+    def __init__(self, origin: str | None) -> None:
+        self.origin = origin
+        self.version: str | None = None
+        self.attempts = 0  # finished attempts since the start or the last restart
+        self._want = origin is not None
+        self._task: asyncio.Task[None] | None = None
+
+    def poll(self, session: aiohttp.ClientSession) -> None:
+        """Called with each scrape that answered: start an attempt if one is wanted and none is in flight."""
+        if not self._want or self.origin is None or (self._task is not None and not self._task.done()):
+            return
+        self._task = asyncio.create_task(self._ask(session, self.origin), name="soakd-server-version")
+
+    def restarted(self) -> None:
+        """The server restarted: ask again (the version it had stays until a new one answers)."""
+        self._want = self.origin is not None
+        self.attempts = 0
+
+    async def settled(self) -> None:
+        """Wait for the attempt in flight, if any (tests; the sampler never waits)."""
+        if self._task is not None:
+            await asyncio.shield(self._task)
+
+    async def _ask(self, session: aiohttp.ClientSession, origin: str) -> None:
+        try:
+            async with asyncio.timeout(LIMIT):
+                found = await server_version(session, origin)
+        except TimeoutError:
+            found = None
+        self.attempts += 1
+        if found is not None:
+            if found != self.version:
+                log.info("server_version", version=found, previous=self.version)
+            self.version, self._want = found, False
+        elif self.attempts >= ASKS:
+            self._want = False
+
+    async def aclose(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self._task = None

@@ -174,8 +174,10 @@ async def test_golden_trtllm_serve_found_at_prometheus_metrics() -> None:
         sampler = sampler_for(server)
         try:
             got = await sampler.sample()
-            for _ in range(2):  # the version paths asked with the first three scrapes (none answers here)
+            for _ in range(3):  # the version paths asked after the first three scrapes (none answers here)
+                await sampler.versions.settled()
                 await sampler.sample()
+            await sampler.versions.settled()
             hits = server.hits
             await sampler.sample()  # sticky: the working URL is tried first
             assert server.hits == hits + 1
@@ -603,6 +605,8 @@ async def test_the_embedded_simulator_reads_as_vllm() -> None:
     async with SimServer(SimConfig(port=0, host="127.0.0.1")) as sim:
         sampler = ServerSampler(ServerSamplerConfig(), sim.base_url)
         try:
+            await sampler.sample()
+            await sampler.versions.settled()
             got = as_dict(await sampler.sample())
         finally:
             await sampler.aclose()
@@ -703,22 +707,94 @@ async def test_a_slow_server_times_out_with_a_clear_error() -> None:
 ])
 async def test_the_servers_version_is_asked_once_it_answers(path: str, body: str, want: str) -> None:
     """soakd_server_info{version}: the first of /version, /get_server_info, /info, /props whose JSON says one;
-    empty when none does, asked with the first three scrapes only (then never again)."""
+    empty until it answered and where none does. Asked in the background after a scrape, three attempts at
+    most where none answers (then never again), none after one did."""
     async with serving(fixture("vllm_v1")) as server:
         server.serve(path, body, ctype="application/json")
         sampler = sampler_for(server)
         try:
-            got = [as_dict(await sampler.sample()) for _ in range(5)]
+            got = []
+            for _ in range(5):
+                got.append(as_dict(await sampler.sample()))
+                await sampler.versions.settled()
             hits = server.hits
             await sampler.sample()
+            await sampler.versions.settled()
             after = server.hits
         finally:
             await sampler.aclose()
-    for g in got:
+    assert got[0][("soakd_server_info", (("kind", "vllm"), ("version", "")))] == 1  # not asked yet
+    for g in got[1:]:
         assert g[("soakd_server_info", (("kind", "vllm"), ("version", want)))] == 1
     # one scrape each; the version paths asked 3 times at most (4 each) where none answered, once where one did
     assert after - hits == 1
     assert hits == 5 + (1 + [p for p, _ in VERSION_PATHS].index(path) if want else 3 * len(VERSION_PATHS))
+
+
+async def test_a_server_that_hangs_on_its_version_path_is_still_scraped_on_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The version is asked beside the scrapes, not inside them: a server whose /version never answers (seen:
+    a proxy that holds unknown paths open) is scraped in one request's time, one attempt in flight at a
+    time; an attempt that ran out of time counts, and after three soakd stops asking."""
+    import asyncio
+
+    from soakd.samplers import version as version_mod
+
+    monkeypatch.setattr(version_mod, "LIMIT", 0.3)
+    release = asyncio.Event()
+    asked = 0
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=fixture("vllm_v1"), headers={"Content-Type": PLAIN})
+
+    async def hang(_: web.Request) -> web.Response:
+        nonlocal asked
+        asked += 1
+        await asyncio.wait_for(release.wait(), 30)
+        return web.json_response({"version": "late"})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/version", hang)
+    async with app_serving(app) as port:
+        sampler = ServerSampler(ServerSamplerConfig(), f"http://127.0.0.1:{port}/v1")
+        runner = SamplerRunner(sampler, interval=1.0, timeout=10.0)
+        try:
+            for _ in range(3):
+                assert await runner.run_once()
+                assert await runner.run_once()  # while the attempt hangs: no second one started
+                assert asked == sampler.versions.attempts + 1
+                await sampler.versions.settled()
+            assert sampler.versions.attempts == 3 and sampler.version is None
+            await runner.run_once()
+            await sampler.versions.settled()
+            assert asked == 3  # no fourth attempt
+        finally:
+            release.set()
+            await sampler.aclose()
+
+
+async def test_the_version_is_asked_again_after_the_server_restarts() -> None:
+    """An upgrade restarts the server: soakd asks again, keeping the old version until the new one answers."""
+    async with serving(fixture("vllm_v1")) as server:
+        server.serve("/version", '{"version": "0.10.2"}', ctype="application/json")
+        sampler = sampler_for(server)
+        try:
+            await sampler.sample()
+            await sampler.versions.settled()
+            assert sampler.version == "0.10.2"
+            server.serve("/version", '{"version": "0.11.0"}', ctype="application/json")
+            await sampler.sample()
+            await sampler.versions.settled()
+            assert sampler.version == "0.10.2"  # not asked again without a restart
+            server.serve("/metrics", fixture("vllm_v1").replace("1.75923345618e+09", "1.75923999e+09"))
+            got = as_dict(await sampler.sample())  # the restart seen: asked again after this scrape
+            assert sampler.restarts.restarts == 1
+            assert got[("soakd_server_info", (("kind", "vllm"), ("version", "0.10.2")))] == 1
+            await sampler.versions.settled()
+            assert sampler.version == "0.11.0"
+        finally:
+            await sampler.aclose()
 
 
 class _Runner:
