@@ -34,7 +34,7 @@ from soakd.core.summary import (
 
 
 class Agg:
-    __slots__ = ("n", "s", "ss", "lo", "hi", "first", "last", "st", "stt", "stv", "t0")
+    __slots__ = ("n", "s", "ss", "lo", "hi", "first", "last", "falls", "st", "stt", "stv", "t0")
 
     def __init__(self) -> None:
         self.n = 0
@@ -43,6 +43,7 @@ class Agg:
         self.hi = -math.inf
         self.first: float | None = None
         self.last: float | None = None
+        self.falls = 0  # readings below the one before (a counter's reset)
         self.st = self.stt = self.stv = 0.0
         self.t0: float | None = None
 
@@ -55,6 +56,8 @@ class Agg:
         self.ss += v * v
         self.lo = min(self.lo, v)
         self.hi = max(self.hi, v)
+        if self.last is not None and v < self.last:
+            self.falls += 1
         self.last = v
         x = (t - self.t0) / 3600.0
         self.st += x
@@ -332,10 +335,15 @@ class TelemetryStats:
         return d
 
     def _mean_of_counters(self, seconds: str, count: str) -> float | None:
-        """The mean of a server histogram over the window: the sum's increase over the count's (None
-        across a counter reset, or with nothing counted); the prefix cache's hit rate likewise."""
+        """The mean of a server histogram over the window: the sum's increase over the count's; the prefix
+        cache's hit rate likewise. None with nothing counted, and where the server restarted inside the
+        window (a counter that fell, or a restart soakd recognised): counters that started again from zero
+        and grew back would otherwise give a difference of two processes' counts (a hit rate above 1)."""
         s, c = self.aggs.get(seconds), self.aggs.get(count)
-        if s is None or c is None or s.n < 2 or c.n < 2:
+        if s is None or c is None or s.n < 2 or c.n < 2 or s.falls or c.falls:
+            return None
+        restarts = self.aggs.get("server_restarts_total")
+        if restarts is not None and restarts.last != restarts.first:
             return None
         ds, dc = s.last - s.first, c.last - c.first
         return ds / dc if dc > 0 and ds >= 0 else None

@@ -80,6 +80,17 @@ def test_a_windows_hit_rate_is_its_own_not_the_servers_since_it_started() -> Non
     tel = TelemetryStats()
     _scrapes(tel, [(0.0, 800.0, 1000.0), (5.0, 10.0, 20.0)])
     assert tel.server().prefix_cache_hit_ratio is None
+    # a restart inside the window whose counters grew back past where they were (seen: a hit rate of 1.4)
+    tel = TelemetryStats()
+    _scrapes(tel, [(0.0, 800.0, 1000.0), (5.0, 10.0, 20.0), (10.0, 900.0, 1050.0)])
+    assert tel.server().prefix_cache_hit_ratio is None
+    # ... or one soakd recognised (a new process start time) between two scrapes whose counters both grew
+    tel = TelemetryStats()
+    for t, hits, queries, restarts in [(0.0, 800.0, 1000.0, 0), (5.0, 850.0, 1010.0, 1), (10.0, 900.0, 1050.0, 1)]:
+        tel.add([series("soakd_server_prefix_cache_hits_total", hits),
+                 series("soakd_server_prefix_cache_queries_total", queries),
+                 series("soakd_server_restarts_total", restarts)], t)
+    assert tel.server().prefix_cache_hit_ratio is None and tel.server().ttft_mean_seconds is None
     # nothing queried, or one scrape: none
     tel = TelemetryStats()
     _scrapes(tel, [(0.0, 5.0, 10.0), (5.0, 5.0, 10.0)])
