@@ -201,11 +201,13 @@ def diagnose(
         ))  # fmt: skip
 
     # --- the prefix cache's hit rate fell (eviction under fragmentation, a cache shrunk by a leak): cached
-    # prompts are prefilled again, TTFT and e2e rise, throughput falls
-    cache = [r for r in perf if r.metric not in explained]
+    # prompts are prefilled again, so TTFT rises, and with it e2e, and throughput falls. A cache explains
+    # nothing without a TTFT drift, and never the inter-token latency (decode does not read the prefix cache).
+    cache = [r for r in perf if r.metric not in explained and not r.metric.startswith("itl_")]
     hit = window.server.prefix_cache_hit_ratio
     ref = reference_hit_ratio(pool, baseline)
-    if cache and hit is not None and ref is not None and ref - hit >= cfg.prefix_hit_drop:
+    if (any(r.metric.startswith("ttft_") for r in cache) and hit is not None and ref is not None
+            and ref - hit >= cfg.prefix_hit_drop - 1e-9):  # fmt: skip
         explained |= {r.metric for r in cache}
         out.append(Finding(
             kind="drift", diagnosis="prefix cache hit rate fell", severity="warning",

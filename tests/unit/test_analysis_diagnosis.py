@@ -242,7 +242,8 @@ def test_latency_drift_with_the_prefix_cache_hit_rate_fallen_is_named_as_its_cau
     assert p.evidence["drop"] == pytest.approx(0.54)
     assert "8.0%" in p.message and "62.0%" in p.message and "ttft_p50" in p.message
     assert {d["metric"] for d in p.evidence["drift"]} >= {"ttft_p50", "e2e_p50"}
-    assert "performance drift" not in f  # the drift is explained by it
+    # TTFT, e2e and throughput are explained by it; the inter-token latency (scaled with e2e here) is not
+    assert all(m.startswith("itl_") for m in f["performance drift"].metrics or [])
 
 
 def test_a_hit_rate_within_the_drop_or_without_drift_names_nothing() -> None:
@@ -265,3 +266,25 @@ def test_a_hit_rate_within_the_drop_or_without_drift_names_nothing() -> None:
     # without a pool, the baseline window's own hit rate is the reference
     assert "prefix cache hit rate fell" in _by(diagnose(w, drift.evaluate(w, pool[0], None), baseline=pool[0],
                                                         cfg=DiagnosisConfig(prefix_hit_drop=0.05)))
+    # exactly the drop (0.6 -> 0.5 is 0.09999... in floating point) names it
+    w = make_window(9, rng, 3000, scale=1.3, server={"prefix_cache_hit_ratio": 0.5})
+    assert "prefix cache hit rate fell" in _by(diagnose(w, drift.evaluate(w, pool[0], None), pool=pool))
+
+
+def test_a_fallen_hit_rate_does_not_explain_a_drift_without_ttft() -> None:
+    """Decode does not read the prefix cache: an inter-token (and so e2e) drift with TTFT where it was is a
+    performance drift of its own, whatever the hit rate did; with TTFT drifted too, ITL stays unexplained."""
+    rng = random.Random(13)
+    pool = [make_window(i, rng, 3000, server={"prefix_cache_hit_ratio": 0.6}) for i in range(3)]
+    w = make_window(5, rng, 3000, scale=1.3, ttft_scale=1.0, server={"prefix_cache_hit_ratio": 0.1})
+    results = drift.evaluate(w, pool[0], None)
+    assert {r.metric for r in results if r.status == "drift"} >= {"itl_p50", "e2e_p50"}
+    assert not any(r.metric.startswith("ttft_") and r.status == "drift" for r in results)
+    f = _by(diagnose(w, results, pool=pool))
+    assert "prefix cache hit rate fell" not in f and "performance drift" in f
+    w = make_window(6, rng, 3000, scale=1.3, ttft_scale=1.5, server={"prefix_cache_hit_ratio": 0.1})
+    f = _by(diagnose(w, drift.evaluate(w, pool[0], None), pool=pool))
+    p = f["prefix cache hit rate fell"]
+    assert "ttft_p50" in {d["metric"] for d in p.evidence["drift"]}
+    assert not any(d["metric"].startswith("itl_") for d in p.evidence["drift"])
+    assert "itl_p50" in f["performance drift"].message
