@@ -670,9 +670,20 @@ WORSE_UP = thresholds((None, "blue"), (-0.05, "green"), (0.05, "orange"), (0.15,
 WORSE_DOWN = thresholds((None, "red"), (-0.15, "orange"), (-0.05, "green"), (0.05, "blue"))
 
 
+# The fleet's own series (a peer group's median, MAD, size): aggregated across pods, so they carry no namespace
+# or pod label, and a $namespace/$pod selector would empty them once a pod is picked. $job alone selects them.
+FLEET_WIDE = frozenset({"soakd:fleet:peers", "soakd:fleet:median", "soakd:fleet:mad",
+                        "soakd:fleet:memory_growth_median_bytes_per_hour"})  # fmt: skip
+JOB = 'job=~"$job"'
+
+
 def fm(name: str, metric: str) -> str:
-    """A fleet recorded series of one metric, with the shared target selector."""
-    return m(f"soakd:fleet:{name}", f'metric="{metric}"')
+    """A fleet recorded series of one metric, with the shared target selector (the job's alone where the
+    series is the fleet's, not a pod's)."""
+    full = f"soakd:fleet:{name}"
+    if full in FLEET_WIDE:
+        return f'{full}{{{JOB}, metric="{metric}"}}'
+    return m(full, f'metric="{metric}"')
 
 
 def fleet() -> dict[str, Any]:
@@ -721,9 +732,9 @@ def fleet() -> dict[str, Any]:
         timeseries("Memory growth: pods and the fleet median", "Device memory growth per hour from each pod's leak "
                    "trend (Theil-Sen across windows), and its peers' median.", "bytes",
                    [target(f"{f}memory_growth_bytes_per_hour{sel()}", "{{pod}}"),
-                    target(f"{f}memory_growth_median_bytes_per_hour{sel()}", "fleet median")], w=12),
+                    target(f"{f}memory_growth_median_bytes_per_hour{{{JOB}}}", "fleet median")], w=12),
         bargauge("Peers", "Pods in each peer group (a z-score needs three or more).", "none",
-                 [target(f"max by (model, gpu_model, server, server_version) ({f}peers{sel()})",
+                 [target(f"max by (model, gpu_model, server, server_version) ({f}peers{{{JOB}}})",
                          "{{model}} {{gpu_model}} {{server}} {{server_version}}", instant=True)], w=12, min_=0),
     ]
     return dashboard(

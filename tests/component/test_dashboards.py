@@ -104,10 +104,11 @@ def catalogue() -> dict[str, MetricSpec]:
     return names
 
 
-def substitute(expr: str, rate_interval: str = "15s", interval: str = "5s") -> str:
-    """A dashboard query as Grafana sends it with every variable at All (``.*``)."""
+def substitute(expr: str, rate_interval: str = "15s", interval: str = "5s", pod: str = ".*") -> str:
+    """A dashboard query as Grafana sends it with every variable at All (``.*``), or one pod picked."""
     out = expr.replace("$__rate_interval", rate_interval).replace("$__interval", interval)
-    out = re.sub(r"\$\{?(job|namespace|pod|scenario|gpu|target)\}?", ".*", out)
+    out = re.sub(r"\$\{?pod\}?", pod, out)
+    out = re.sub(r"\$\{?(job|namespace|scenario|gpu|target)\}?", ".*", out)
     assert "$" not in out, f"unsubstituted variable in {out}"
     return out
 
@@ -311,6 +312,7 @@ def test_template_variables(dashboards: dict[str, dict[str, Any]]) -> None:
 
 def test_every_query_selects_job_namespace_pod(dashboards: dict[str, dict[str, Any]]) -> None:
     names = catalogue()
+    FLEET_WIDE = _build_module().FLEET_WIDE
     for name, dash in dashboards.items():
         variables = {v["name"] for v in dash["templating"]["list"]}
         for where, expr in dashboard_expressions(dash):
@@ -319,6 +321,9 @@ def test_every_query_selects_job_namespace_pod(dashboards: dict[str, dict[str, A
             bare = re.findall(r"\bsoakd[_:][a-z0-9_:]+(?![a-z0-9_:])(?!\s*\{)", expr)
             assert not bare, f"{where}: {bare} without the $job/$namespace/$pod selector"
             for metric, body in selectors:
+                if metric in FLEET_WIDE:  # a peer group's series: no pod to select (see the test below)
+                    assert 'job=~"$job"' in body and "namespace" not in body and "pod" not in body, (where, expr)
+                    continue
                 for matcher in TARGET_SELECTOR:
                     assert matcher in body, f"{where}: {metric} lacks {matcher}"
                 labels = names[metric].exported_labels if metric in names else ()
@@ -328,6 +333,20 @@ def test_every_query_selects_job_namespace_pod(dashboards: dict[str, dict[str, A
                     assert 'gpu=~"$gpu"' in body, f"{where}: {metric} ignores $gpu"
             used = set(re.findall(r"\$\{?(\w+)", expr)) - {"__rate_interval", "__interval"}
             assert used <= variables, f"{where}: undefined variables {used - variables}"
+
+
+def test_the_fleets_own_series_are_aggregated_across_pods() -> None:
+    """The series the fleet dashboard selects by $job alone (FLEET_WIDE) are recorded without namespace or pod
+    (a median across the pods): selecting them by $pod would empty the fleet median once a pod is picked."""
+    FLEET_WIDE = _build_module().FLEET_WIDE
+    rules = {r["record"]: r["expr"] for g in yaml.safe_load((PROMETHEUS_DIR / "rules.yml").read_text())["groups"]
+             for r in g["rules"] if "record" in r}  # fmt: skip
+    for name in FLEET_WIDE:
+        by = re.search(r"\b(?:quantile|count)\s+by\s*\(([^)]*)\)", rules[name])
+        assert by is not None, name
+        labels = {x.strip() for x in by.group(1).split(",")}
+        assert "job" in labels and not labels & {"namespace", "pod", "instance"}, (name, labels)
+    assert not FLEET_WIDE & {"soakd:fleet:window_value", "soakd:fleet:ratio", "soakd:fleet:robust_z"}  # per pod
 
 
 def test_names_exist_in_the_catalogue_and_rules(dashboards: dict[str, dict[str, Any]]) -> None:

@@ -87,8 +87,9 @@ class PromAPI:
     def __init__(self, session: aiohttp.ClientSession, base: str) -> None:
         self.session, self.base = session, base
 
-    async def query(self, expr: str) -> dict[str, Any]:
-        async with self.session.post(f"{self.base}/api/v1/query", data={"query": expr}) as resp:
+    async def query(self, expr: str, at: float | None = None) -> dict[str, Any]:
+        data = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
+        async with self.session.post(f"{self.base}/api/v1/query", data=data) as resp:
             return await resp.json(content_type=None)
 
     async def get(self, path: str, **params: str) -> dict[str, Any]:
