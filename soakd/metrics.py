@@ -152,7 +152,8 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     MetricSpec("soakd_target_info", "info",
                "What a fleet's peers share (value 1): the target's model, the server's kind and version, the GPU "
                "model soakd samples ('+' between several; empty without a GPU sampler). The fleet rules compare "
-               "pods with the same four (deploy/prometheus/rules.yml).",
+               "pods with the same four (deploy/prometheus/rules.yml). The primary target's only (A/B candidates are "
+               "compared with their reference, not with the fleet).",
                ("model", "server", "server_version", "gpu_model"), group="load"),
     MetricSpec("soakd_build_info", "info", "soakd version (value 1).", ("version",), group="self"),
     MetricSpec("soakd_log_dropped_total", "counter",
