@@ -89,8 +89,8 @@ class NamedCollector:
         if prefix is not None and m.config.prefix_caching:
             hits_name, other_name, other, unit = prefix
             hits, queries = float(m.prefix_cache.hits), float(m.prefix_cache.queries)
-            if unit == "blocks":
-                hits, queries = hits / m.config.kv_block_size, queries / m.config.kv_block_size
+            if unit == "blocks":  # whole blocks: hits are block-aligned, a prompt's last partial block a miss
+                hits, queries = hits // m.config.kv_block_size, float(m.prefix_cache.query_blocks)
             for name, value in ((hits_name, hits), (other_name, queries if other == "queries" else queries - hits)):
                 fam = CounterMetricFamily(name, f"{name} (soakd sim)", labels=labels)
                 fam.add_metric(values, value)

@@ -142,13 +142,14 @@ async def test_an_engine_wedge_is_named_whatever_metric_names_the_server_exports
 @pytest.mark.timeout(60)
 async def test_the_simulator_presents_each_servers_metric_names_or_none() -> None:
     """``sim.metric_names``: soakd's server sampler detects each server's table from the simulator's /metrics and
-    reads what that server exports (TGI no token counter, llama.cpp no KV gauge); none answers 404."""
+    reads what that server exports (TGI no token counter and no prefix-cache counters, llama.cpp no KV gauge); none
+    answers 404."""
     from soakd.config import ServerSamplerConfig
     from soakd.samplers.promtext import ScrapeError
     from soakd.samplers.server import ServerSampler
 
-    expect = {"vllm": {"kv", "tokens"}, "sglang": {"kv", "tokens"}, "tgi": {"kv"}, "trtllm": {"kv", "tokens"},
-              "llamacpp": {"tokens"}}
+    expect = {"vllm": {"kv", "tokens", "prefix"}, "sglang": {"kv", "tokens", "prefix"}, "tgi": {"kv"},
+              "trtllm": {"kv", "tokens", "prefix"}, "llamacpp": {"tokens", "prefix"}}
     for kind, signals in expect.items():
         async with SimServer(SimConfig(**SIM, metric_names=kind)) as sim:
             sampler = ServerSampler(ServerSamplerConfig(), sim.base_url)
@@ -160,6 +161,8 @@ async def test_the_simulator_presents_each_servers_metric_names_or_none() -> Non
         assert "soakd_server_requests_running" in names and "soakd_server_requests_waiting" in names
         assert ("soakd_server_kv_cache_usage_ratio" in names) == ("kv" in signals), (kind, names)
         assert ("soakd_server_generation_tokens_total" in names) == ("tokens" in signals), (kind, names)
+        for counter in ("soakd_server_prefix_cache_hits_total", "soakd_server_prefix_cache_queries_total"):
+            assert (counter in names) == ("prefix" in signals), (kind, counter, names)
     async with SimServer(SimConfig(**SIM, metric_names="none")) as sim:
         sampler = ServerSampler(ServerSamplerConfig(), sim.base_url)
         try:

@@ -29,8 +29,12 @@ def test_leading_blocks_hit_and_a_changed_block_breaks_the_chain() -> None:
     # the same words after a changed first block: nothing hits (each block's hash chains its parent's)
     c = "x " + doc
     assert cache.lookup(c, count_tokens(c)) == 0
-    # a prompt seen in full: all but its last token (always computed, as in vLLM)
-    assert cache.lookup(doc, 40) == 39
+    # a prompt seen in full: the whole blocks before its last token (always computed, as in vLLM)
+    assert cache.lookup(doc, 40) == 36
+    assert cache.lookup(doc + " d40", 41) == 40
+    # TensorRT-LLM's unit: each prompt's blocks, its last partial one included
+    sizes = [count_tokens(a), count_tokens(b), count_tokens(c), 40, 41]
+    assert cache.query_blocks == sum(-(-n // 4) for n in sizes) and cache.hits % 4 == 0
 
 
 def test_least_recently_used_blocks_are_evicted_and_resize_evicts_at_once() -> None:
@@ -41,8 +45,9 @@ def test_least_recently_used_blocks_are_evicted_and_resize_evicts_at_once() -> N
     assert len(cache) == 6
     cache.lookup(p1, 6)  # p1 touched: p2 is the least recently used
     r = words(4, "r")
-    cache.lookup(r, 4)  # 2 new blocks evict 2 of p2's
-    assert len(cache) == 6 and cache.lookup(p1, 6) == 5
+    cache.lookup(r, 4)  # 2 new blocks evict 2 of p2's: its leaf and the block before it, not its root
+    assert len(cache) == 6 and cache.lookup(p1, 6) == 4
+    assert cache.lookup(p2, 6) == 2  # p2's first block still hits (a root evicted first strands its chain)
     cache.resize(0)
     assert len(cache) == 0 and cache.lookup(p1, 6) == 0 and len(cache) == 0
 
