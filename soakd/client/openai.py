@@ -26,8 +26,7 @@ import aiohttp
 from yarl import URL
 
 from soakd.client.sse import SSEDecoder, SSETooLarge
-from soakd.client.transport import StampedResponseHandler, build_connector, parse_event, request_headers
-from soakd.client.transport import dumps as _dumps
+from soakd.client.transport import StampedResponseHandler, build_connector, encode_body, parse_event, request_headers
 from soakd.client.validate import check_output, check_structure
 from soakd.config import TargetConfig
 from soakd.core.records import Outcome, RequestRecord
@@ -179,7 +178,7 @@ class OpenAIClient:
         to the base URL) without streaming, within the total timeout: (status, request id, raw body).
         Raises TimeoutError, aiohttp.ClientError or OSError; the caller classifies them."""
         timeout = aiohttp.ClientTimeout(total=self._total_s, sock_connect=self.target.timeouts.connect)
-        async with self.session.post(self.base + path, data=_dumps(body).encode(), timeout=timeout,
+        async with self.session.post(self.base + path, data=encode_body(body), timeout=timeout,
                                      headers=headers) as resp:
             raw = await resp.read()
             rid = resp.headers.get("x-request-id") or resp.headers.get("request-id") or ""
@@ -194,7 +193,7 @@ class OpenAIClient:
     ) -> RequestRecord:
         """Send ``body`` to the record's endpoint and fill ``rec`` in place."""
         url = self._chat_url if rec.endpoint == "chat" else self._completions_url
-        payload = _dumps(body).encode()
+        payload = encode_body(body)
         loop = asyncio.get_running_loop()
         rec.wall_start = time.time()
         rec.t_start_ns = _perf_ns()

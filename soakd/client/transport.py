@@ -1,47 +1,43 @@
-"""The client's transport tricks, in one place, each with a check that says whether it is on.
-
-soakd's load generator must not be the bottleneck nor the noise (benchmarks/client_capacity.py
-holds it to 1.3x a bare aiohttp client and sub-millisecond timing error). Three things get it
-there, and each leans on an implementation detail of aiohttp or CPython:
+"""The client's transport: what it takes for soakd's load generator to be neither the bottleneck nor the
+noise (benchmarks/client_capacity.py holds it to a bare aiohttp client and sub-millisecond timing error).
 
 1. **Socket-arrival timestamps** (``StampedResponseHandler``): aiohttp builds each connection's
    protocol with ``TCPConnector._factory``, a ``functools.partial`` of ``ResponseHandler``; soakd
    swaps in a subclass that notes, in ``data_received``, when bytes came off the socket. Event
    times are then the arrival of the data, not the moment the request's task next ran (on a
-   busy loop the latter is later by the work of every callback ahead of it).
-2. **One JSON encoder** (``dumps``): ``json.dumps`` builds a C encoder and a circular-reference
-   table per call; soakd builds ``json.encoder.c_make_encoder`` once, checked against
-   ``json.dumps`` at import.
-3. **The C scanner** (``parse_event``): ``json.scanner.make_scanner`` without ``json.loads``'s
-   Python-level wrappers in the common case (valid UTF-8, one value from the first byte to the
-   last).
+   busy loop the latter is later by the work of every callback ahead of it). This leans on an
+   implementation detail of aiohttp: when it changes, events are stamped when read, and
+   ``tests/unit/test_transport.py`` fails, naming what changed, so the fallback is never silent.
+2. **JSON through orjson** (``encode_body``, ``parse_event``): request bodies and SSE events are
+   encoded and decoded by orjson (Rust; about 13 times ``json.dumps`` on a request body and 1.5 times
+   the C scanner on a chunk, the per-request cost that a 16-token stream pays seventeen times).
+   Whatever orjson refuses goes through the standard library, so the result is ``json.loads``'s, with
+   its exceptions (NaN and Infinity literals, lone surrogates, a byte-order mark, invalid UTF-8 raise
+   or parse exactly as ``json.loads`` does), and a body orjson cannot encode (an integer beyond 64
+   bits, a non-string key) is ``json.dumps``'s. Two differences remain: an integer beyond 64 bits in
+   an event is a float (no server counts that far), and a NaN or infinite float in a body (an
+   ``extra_body`` of the user's) is ``null``, not ``NaN``, which no server accepts.
 
-When aiohttp or CPython changes one of these, soakd falls back to the documented path (slower,
-or events stamped when read) — and ``tests/unit/test_transport.py`` fails, naming what changed,
-so the fallback is never silent. ``status()`` says which tricks are on.
+``status()`` says which are on.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import json.encoder
-import json.scanner
 import time
-from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+import orjson
 from aiohttp.client_proto import ResponseHandler
 
 from soakd.config import TargetConfig
 
 __all__ = [
-    "FAST_DUMPS",
-    "FAST_SCAN",
     "StampedResponseHandler",
     "build_connector",
-    "dumps",
+    "encode_body",
     "parse_event",
     "request_headers",
     "stamping_supported",
@@ -50,51 +46,27 @@ __all__ = [
 
 _perf_ns = time.perf_counter_ns
 _loads = json.loads
+_orjson_loads = orjson.loads
+_orjson_dumps = orjson.dumps
+_OrjsonDecodeError = orjson.JSONDecodeError
+_slow_dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
-def _make_dumps() -> tuple[Callable[[Any], str], bool]:
-    """``json.dumps(obj, separators=(",", ":"))`` for request bodies through one C encoder built
-    once; (the function, whether it is the C encoder)."""
-    slow = json.JSONEncoder(separators=(",", ":")).encode
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:
-        return slow, False
+def encode_body(obj: Any) -> bytes:
+    """A request body as compact JSON (orjson; ``json.dumps`` for what orjson cannot encode)."""
     try:
-        enc = make(None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii, None, ":", ",",
-                   False, False, True)
-        sample = {"model": "m", "messages": [{"role": "user", "content": "h\u00e9 \"x\"\n"}], "max_tokens": 16,
-                  "temperature": 0.7, "stream": True, "stream_options": {"include_usage": True}, "n": None}
-        if "".join(enc(sample, 0)) != slow(sample):
-            return slow, False
-    except Exception:  # noqa: BLE001 - any surprise: the documented path
-        return slow, False
-    return (lambda obj: "".join(enc(obj, 0))), True
-
-
-dumps, FAST_DUMPS = _make_dumps()
-
-try:
-    _scan = json.scanner.make_scanner(json.JSONDecoder())  # the C scanner behind json.loads
-    FAST_SCAN = getattr(json.scanner, "c_make_scanner", None) is not None and \
-        type(_scan) is getattr(json.scanner, "c_make_scanner")  # noqa: E721
-except Exception:  # noqa: BLE001
-    _scan = None
-    FAST_SCAN = False
+        return _orjson_dumps(obj)
+    except TypeError:
+        return _slow_dumps(obj).encode()
 
 
 def parse_event(data: bytes) -> Any:
-    """``json.loads(data)`` for one SSE event, without its Python-level wrappers in the common case.
-    Anything else goes through ``json.loads`` itself: same result, same exceptions (ValueError,
-    UnicodeDecodeError)."""
-    if _scan is not None:
-        try:
-            text = data.decode()
-            obj, end = _scan(text, 0)
-            if end == len(text):
-                return obj
-        except (ValueError, StopIteration):
-            pass
-    return _loads(data)
+    """``json.loads(data)`` for one SSE event: orjson, and ``json.loads`` itself for whatever orjson
+    refuses (same result, same exceptions: ValueError, UnicodeDecodeError)."""
+    try:
+        return _orjson_loads(data)
+    except _OrjsonDecodeError:
+        return _loads(data)
 
 
 class StampedResponseHandler(ResponseHandler):
@@ -163,4 +135,4 @@ def request_headers(target: TargetConfig, api_key: str | None) -> dict[str, str]
 
 
 async def status() -> dict[str, bool]:
-    return {"socket_stamps": await stamping_supported(), "c_encoder": FAST_DUMPS, "c_scanner": FAST_SCAN}
+    return {"socket_stamps": await stamping_supported(), "orjson": True}
