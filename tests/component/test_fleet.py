@@ -78,9 +78,15 @@ def prometheus_config(ports: list[int], alerts: Path) -> dict[str, Any]:
 async def closed_when_it_fired(api: PromAPI) -> float:
     """The slow pod's closed windows when its alert first fired: read at the time Prometheus' ALERTS series
     says it fired, not when this loop saw it (its other queries take seconds on a busy machine)."""
-    fired = await api.query(f'min_over_time(timestamp(ALERTS{{alertname="SoakdFleetOutlier",alertstate="firing",'
-                            f'pod="soakd-{SLOW}"}})[5m:1s])')
-    at = min(float(r["value"][1]) for r in fired["data"]["result"])
+    expr = (f'min_over_time(timestamp(ALERTS{{alertname="SoakdFleetOutlier",alertstate="firing",'
+            f'pod="soakd-{SLOW}"}})[5m:1s])')
+    for _ in range(40):  # the rule's state is in the alerts API before its ALERTS sample is committed
+        fired = (await api.query(expr))["data"]["result"]
+        if fired:
+            break
+        await asyncio.sleep(0.25)
+    assert fired, f"the alerts API says firing, but {expr} stayed empty for 10 s"
+    at = min(float(r["value"][1]) for r in fired)
     closed = await api.query(f'soakd_windows_closed_total{{pod="soakd-{SLOW}"}}', at=at)
     return float(closed["data"]["result"][0]["value"][1])
 
