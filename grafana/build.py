@@ -693,7 +693,7 @@ def fleet() -> dict[str, Any]:
         row("Pods against their peers (the same model, GPU model, server kind and version)"),
         table("Pods", "One row per pod: its verdict so far, the metric where it is furthest from its peers' median "
               "(robust z-score: 1.4826 x the peers' median absolute deviation, plus 3% of the median) and by how "
-              "much, its throttle and leak state. SoakdFleetOutlier fires at |z| > 3.5 and 5% for a whole window.",
+              "much, its throttle and leak state. SoakdFleetOutlier fires at |z| > 3.5 and 5% in two windows in a row.",
               [target(f"max by ({POD}) (soakd_verdict_pass{sel()})", instant=True),
                target(f"topk by ({POD}) (1, abs({f}robust_z{sel()}))", instant=True),
                target(f"max by ({POD}) (soakd_throttle_detected{sel()})", instant=True),

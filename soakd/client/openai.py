@@ -310,7 +310,7 @@ class OpenAIClient:
                     break
                 try:
                     obj = parse(data)
-                except ValueError as exc:
+                except (ValueError, RecursionError) as exc:  # RecursionError: nested past the parser's depth
                     rec.t_end_ns = now
                     reason = "invalid_utf8" if isinstance(exc, UnicodeDecodeError) else "malformed_chunk"
                     rec.fail(Outcome.INVALID_RESPONSE, reason, f"{exc}: {data[:120]!r}")
@@ -360,7 +360,7 @@ class OpenAIClient:
     def _parse_body(self, rec: RequestRecord, raw: bytes) -> None:
         try:
             obj = _loads(raw)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             rec.fail(Outcome.INVALID_RESPONSE, "malformed_body" if not isinstance(exc, UnicodeDecodeError) else "invalid_utf8", str(exc))
             return
         if not isinstance(obj, dict) or not obj.get("choices"):

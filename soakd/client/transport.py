@@ -14,9 +14,12 @@ noise (benchmarks/client_capacity.py holds it to a bare aiohttp client and sub-m
    Whatever orjson refuses goes through the standard library, so the result is ``json.loads``'s, with
    its exceptions (NaN and Infinity literals, lone surrogates, a byte-order mark, invalid UTF-8 raise
    or parse exactly as ``json.loads`` does), and a body orjson cannot encode (an integer beyond 64
-   bits, a non-string key) is ``json.dumps``'s. Two differences remain: an integer beyond 64 bits in
-   an event is a float (no server counts that far), and a NaN or infinite float in a body (an
-   ``extra_body`` of the user's) is ``null``, not ``NaN``, which no server accepts.
+   bits) is ``json.dumps``'s; non-string keys (a ``logit_bias`` of token ids) are written as
+   ``json.dumps`` writes them. What differs: an integer beyond 64 bits in an event is a float (no
+   server counts that far); a NaN or infinite float in a body (an ``extra_body`` of the user's) is
+   ``null``, not ``NaN``, which no server accepts; non-ASCII text goes as UTF-8, not ``\\u`` escapes
+   (the same JSON, other bytes); and values ``json.dumps`` refuses but orjson encodes (dates, UUIDs,
+   enums, dataclasses) are encoded, where a body could only get them from code, not configuration.
 
 ``status()`` says which are on.
 """
@@ -48,6 +51,7 @@ _perf_ns = time.perf_counter_ns
 _loads = json.loads
 _orjson_loads = orjson.loads
 _orjson_dumps = orjson.dumps
+_NON_STR_KEYS = orjson.OPT_NON_STR_KEYS  # {50256: -100} (a logit_bias from YAML) as json.dumps writes it
 _OrjsonDecodeError = orjson.JSONDecodeError
 _slow_dumps = json.JSONEncoder(separators=(",", ":")).encode
 
@@ -55,7 +59,7 @@ _slow_dumps = json.JSONEncoder(separators=(",", ":")).encode
 def encode_body(obj: Any) -> bytes:
     """A request body as compact JSON (orjson; ``json.dumps`` for what orjson cannot encode)."""
     try:
-        return _orjson_dumps(obj)
+        return _orjson_dumps(obj, option=_NON_STR_KEYS)
     except TypeError:
         return _slow_dumps(obj).encode()
 

@@ -478,7 +478,7 @@ class ServerSampler:
             log.info("server_no_kv_gauge", kind=table.kind, url=redact_url(url),
                      detail="no KV-cache gauge in this server's metrics; soakd_server_kv_cache_usage_ratio "
                             "is not exported")  # fmt: skip
-        self.versions.poll(self._scraper.session())
+        self.versions.poll(self._scraper.session)
         return out
 
     def sticky(self) -> list[Series]:

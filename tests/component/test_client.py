@@ -345,6 +345,9 @@ def delta(text: str) -> bytes:
         ((delta("Hello"), b'data: {"error": {"message": "engine died"}}\n\n'),
          Outcome.INVALID_RESPONSE, "error_in_stream"),
         ((delta("Hello"), b"data: [1, 2]\n\n", b"data: [DONE]\n\n"), Outcome.INVALID_RESPONSE, "malformed_chunk"),
+        # nested past the JSON parser's depth (RecursionError in json.loads): garbage, not a client exception
+        ((delta("Hello"), b"data: " + b"[" * 100_000 + b"\n\n", b"data: [DONE]\n\n"), Outcome.INVALID_RESPONSE,
+         "malformed_chunk"),
         ((b'data: {"choices":[{"index":0,"delta":{"content":"\xff\xfe"}}]}\n\n', b"data: [DONE]\n\n"),
          Outcome.INVALID_RESPONSE, "invalid_utf8"),
         ((b"data: [DONE]\n\n",), Outcome.INVALID_RESPONSE, "empty_output"),

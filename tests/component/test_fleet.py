@@ -5,8 +5,8 @@ and output lengths so that a window's p50 is a level, not a draw of lengths; 5% 
 for five pods of one deployment: the same model, GPU model, server kind and version (``soakd_target_info``).
 Pod ``soakd-4``'s simulator is 15% slower on every delay (its ``latency_step`` from the first second). Debian's Prometheus scrapes
 the five every second with Kubernetes' ``namespace``/``pod`` labels and evaluates deploy/prometheus/rules.yml
-and the alerts generated for a 5-second window (``generate_alerts.py``: ``SoakdFleetOutlier``'s whole window
-is 5 s) every second.
+and the alerts generated for a 5-second window (``generate_alerts.py``: ``SoakdFleetOutlier``'s ``for:`` of one
+and a half windows is 8 s) every second.
 
 Asserted: ``SoakdFleetOutlier`` fires for ``soakd-4`` and for no other pod, within two windows of the first
 window the fleet could compare (its ``soakd_windows_closed_total`` at most 3 when it fires); every panel of

@@ -582,7 +582,9 @@ async def test_a_shared_session_is_used_and_not_closed() -> None:
 
             sampler = ServerSampler(ServerSamplerConfig(), server.target_url, session_factory=factory)
             await sampler.sample()
+            await sampler.versions.settled()
             await sampler.sample()
+            await sampler.versions.settled()
             await sampler.aclose()
             # each scrape, and the version asked with each (its paths over one session): all on the shared one
             assert calls == 2 * 2
@@ -733,25 +735,22 @@ async def test_the_servers_version_is_asked_once_it_answers(path: str, body: str
 
 async def test_a_server_that_hangs_on_its_version_path_is_still_scraped_on_time(
         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """The version is asked beside the scrapes, not inside them: a server whose /version never answers (seen:
-    a proxy that holds unknown paths open) is scraped in one request's time, one attempt in flight at a
-    time; an attempt that ran out of time counts, and after three soakd stops asking."""
+    """The version is asked beside the scrapes, not inside them: a server whose /version does not answer (seen:
+    a proxy that holds unknown paths open) is scraped as usual, one attempt in flight at a time. An attempt
+    that answered nothing, failed, or ran out of time has finished; after three soakd stops asking."""
     import asyncio
 
     from soakd.samplers import version as version_mod
 
-    monkeypatch.setattr(version_mod, "LIMIT", 0.3)
-    release = asyncio.Event()
-    asked = 0
+    answer: list[asyncio.Event] = []
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(text=fixture("vllm_v1"), headers={"Content-Type": PLAIN})
 
     async def hang(_: web.Request) -> web.Response:
-        nonlocal asked
-        asked += 1
-        await asyncio.wait_for(release.wait(), 30)
-        return web.json_response({"version": "late"})
+        answer.append(asyncio.Event())
+        await asyncio.wait_for(answer[-1].wait(), 30)
+        return web.Response(text="[" * 100_000, content_type="application/json")  # deeper than json can parse
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
@@ -760,15 +759,71 @@ async def test_a_server_that_hangs_on_its_version_path_is_still_scraped_on_time(
         sampler = ServerSampler(ServerSamplerConfig(), f"http://127.0.0.1:{port}/v1")
         runner = SamplerRunner(sampler, interval=1.0, timeout=10.0)
         try:
-            for _ in range(3):
+            for k in (1, 2):
                 assert await runner.run_once()
-                assert await runner.run_once()  # while the attempt hangs: no second one started
-                assert asked == sampler.versions.attempts + 1
+                for _ in range(50):  # the attempt reaches /version
+                    if len(answer) == k:
+                        break
+                    await asyncio.sleep(0.02)
+                assert await runner.run_once()  # the scrape answers while the attempt hangs ...
+                assert len(answer) == k and sampler.versions.attempts == k - 1  # ... and no second attempt
+                answer[-1].set()
                 await sampler.versions.settled()
+                assert sampler.versions.attempts == k and sampler.version is None
+            monkeypatch.setattr(version_mod, "LIMIT", 0.3)  # the third runs out of time
+            assert await runner.run_once()
+            await sampler.versions.settled()
             assert sampler.versions.attempts == 3 and sampler.version is None
             await runner.run_once()
             await sampler.versions.settled()
-            assert asked == 3  # no fourth attempt
+            assert len(answer) == 3  # no fourth attempt
+        finally:
+            for ev in answer:
+                ev.set()
+            await sampler.aclose()
+        sampler.versions.poll(lambda: pytest.fail("a closed sampler opened a session"))  # type: ignore[arg-type,return-value]
+
+
+async def test_an_attempt_in_flight_across_a_restart_is_the_old_processs() -> None:
+    """A server slow on /version restarts while soakd asks it: the old process's answer is dropped and the new
+    process is asked afresh (its version, not the old one's, is the label)."""
+    import asyncio
+
+    release = asyncio.Event()
+    seen = 0
+    body = fixture("vllm_v1")
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=body, headers={"Content-Type": PLAIN})
+
+    async def version(_: web.Request) -> web.Response:
+        nonlocal seen
+        seen += 1
+        if seen == 1:  # the old process, slow
+            await asyncio.wait_for(release.wait(), 30)
+            return web.json_response({"version": "0.10.2"})
+        return web.json_response({"version": "0.11.0"})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/version", version)
+    async with app_serving(app) as port:
+        sampler = ServerSampler(ServerSamplerConfig(), f"http://127.0.0.1:{port}/v1")
+        try:
+            await sampler.sample()
+            for _ in range(50):
+                if seen:
+                    break
+                await asyncio.sleep(0.02)
+            body = body.replace("1.75923345618e+09", "1.75923999e+09")  # a new process
+            await sampler.sample()
+            assert sampler.restarts.restarts == 1
+            release.set()
+            await sampler.versions.settled()
+            assert sampler.version is None and sampler.versions.attempts == 0  # the old answer dropped
+            await sampler.sample()
+            await sampler.versions.settled()
+            assert sampler.version == "0.11.0"
         finally:
             release.set()
             await sampler.aclose()

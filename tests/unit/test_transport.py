@@ -76,9 +76,12 @@ def test_body_encoder_means_what_json_dumps_means() -> None:
     assert isinstance(got, bytes) and b" " not in got.replace(b"\xe2\x80\xa8", b"").split(b'"content":')[0]
     assert json.loads(got) == json.loads(json.dumps(body, separators=(",", ":")))
     assert list(json.loads(got)) == list(body)  # the keys in the body's order
-    # what orjson cannot encode is json.dumps's: an integer beyond 64 bits, a non-string key
+    # what orjson cannot encode is json.dumps's: an integer beyond 64 bits
     odd = {"n": 10**20, "k": {1: "a"}}
     assert transport.encode_body(odd) == json.dumps(odd, separators=(",", ":")).encode()
+    # non-string keys (a logit_bias of token ids from YAML) as json.dumps writes them, through orjson
+    bias = {"logit_bias": {50256: -100, 13: 5}, "flags": {True: 1, None: 2}}
+    assert json.loads(transport.encode_body(bias)) == json.loads(json.dumps(bias))
     # a non-finite float is null (json.dumps would write NaN, which no server accepts)
     assert json.loads(transport.encode_body({"x": float("inf"), "y": float("nan")})) == {"x": None, "y": None}
 
