@@ -247,9 +247,9 @@ class BenchProtocol(asyncio.Protocol):
 
 
 async def serve(host: str = HOST, port: int = 0, ttft: float = 0.0, itl: float = 0.0,
-                ready: Any = None) -> None:
+                ready: Any = None, n_tokens: int = N_TOKENS) -> None:
     loop = asyncio.get_running_loop()
-    st = BenchServerState(ttft, itl)
+    st = BenchServerState(ttft, itl, n_tokens)
     server = await loop.create_server(lambda: BenchProtocol(st), host, port, backlog=1024, reuse_address=True)
     bound = server.sockets[0].getsockname()[1]
     if ready is not None:
@@ -276,27 +276,29 @@ def _serve_cli(argv: list[str]) -> int:
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--ttft", type=float, default=0.0, help="seconds before the first token (0: zero latency)")
     p.add_argument("--itl", type=float, default=0.0, help="seconds between tokens")
+    p.add_argument("--tokens", type=int, default=N_TOKENS, help="tokens per response")
     a = p.parse_args(argv)
 
     def ready(port: int) -> None:
         sys.stdout.write(f"listening {port}\n")
         sys.stdout.flush()
 
-    _run(serve(HOST, a.port, a.ttft, a.itl, ready), "uvloop")
+    _run(serve(HOST, a.port, a.ttft, a.itl, ready, a.tokens), "uvloop")
     return 0
 
 
 class ServerProcess:
     """The benchmark server in its own process (own core, own event loop)."""
 
-    def __init__(self, ttft: float = 0.0, itl: float = 0.0) -> None:
-        self.ttft, self.itl = ttft, itl
+    def __init__(self, ttft: float = 0.0, itl: float = 0.0, tokens: int = N_TOKENS) -> None:
+        self.ttft, self.itl, self.tokens = ttft, itl, tokens
         self.proc: subprocess.Popen[str] | None = None
         self.port = 0
 
     def __enter__(self) -> "ServerProcess":
         self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "_serve", "--ttft", str(self.ttft), "--itl", str(self.itl)],
+            [sys.executable, str(Path(__file__).resolve()), "_serve", "--ttft", str(self.ttft), "--itl", str(self.itl),
+             "--tokens", str(self.tokens)],
             stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()  # ends: the line, or EOF when the server died
@@ -449,10 +451,27 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def proc_cpu_seconds(pid: int) -> float:
-    """utime + stime of a live process (all its threads), from /proc/<pid>/stat."""
-    with open(f"/proc/{pid}/stat", "rb") as fh:
-        fields = fh.read().rsplit(b")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+    """utime + stime of a live process (all its threads), from /proc/<pid>/stat, and of its live children
+    (soakd's load workers)."""
+    total = 0.0
+    for stat in [f"/proc/{pid}/stat", *(f"/proc/{c}/stat" for c in _children(pid))]:
+        try:
+            with open(stat, "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            if stat == f"/proc/{pid}/stat":
+                raise
+            continue
+        total += (int(fields[11]) + int(fields[12])) / _CLK_TCK
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            out += [int(c) for c in task.read_text().split()]
+    return out
 
 
 @dataclass
@@ -546,18 +565,19 @@ def _soakd_cli(argv: list[str]) -> int:
 
 
 def run_soakd(url: str, concurrency: int, duration: float, trace: bool = False,
-              server_pid: int | None = None) -> ClientRun:
+              server_pid: int | None = None, tokens: int = N_TOKENS, workers: int = 1) -> ClientRun:
     """``python -m soakd run`` as a child process; req/s from its closed windows (requests sent in
     the windows / the windows' length), CPU from /proc while it drives load."""
     with tempfile.TemporaryDirectory(prefix="soakd-bench-") as tmp:
         cfg = Path(tmp) / "bench.yaml"
-        cfg.write_text(f"scenarios:\n  short_chat:\n    max_tokens: {N_TOKENS}\n"
+        cfg.write_text(f"scenarios:\n  short_chat:\n    max_tokens: {tokens}\n"
                        f"log:\n  summary_interval: 600s\n")
         window = max(1, int(duration // 2)) if duration >= 2 else 1
         trace_path = Path(tmp) / "trace.txt"
         cmd = [sys.executable, str(Path(__file__).resolve()), "_soakd", "--trace", str(trace_path) if trace else "",
                "--", "run", "-c", str(cfg), "--target", url + "/v1",
-               "--concurrency", str(concurrency), "--mix", "short_chat=1", "--duration", f"{duration}s",
+               "--concurrency", str(concurrency), "--workers", str(workers), "--mix", "short_chat=1",
+               "--duration", f"{duration}s",
                "--warmup", "0s", "--window", f"{window}s", "--grace", "10s", "--metrics-host", HOST,
                "--metrics-port", "0", "--no-progress", "--log-format", "json", "--state-dir", str(Path(tmp) / "state")]
         env = {k: v for k, v in os.environ.items() if not k.startswith("SOAKD_")}
@@ -567,18 +587,27 @@ def run_soakd(url: str, concurrency: int, duration: float, trace: bool = False,
             rc = proc.wait(timeout=duration + 60)
         reports = list((Path(tmp) / "state").glob("*/report.json"))
         if rc not in (0, 1, 3) or not reports:  # 1 or 3: a FAIL or INCONCLUSIVE verdict (a 6 s soak); throughput counts
-            return ClientRun("soakd", note=f"failed (exit {rc}): {''.join(log)[-600:]}")
+            return ClientRun("soakd" if workers == 1 else f"soakd-{workers}w",
+                             note=f"failed (exit {rc}): {''.join(log)[-600:]}")
         windows = json.loads(reports[0].read_text()).get("windows") or []
         reqs = sum(w["requests"] for w in windows)
         span = sum(w["duration_seconds"] for w in windows) or duration
         ok = sum(int(w["outcomes"].get("ok", 0)) for w in windows)
+        failed: dict[str, int] = {}
+        for w in windows:
+            for k, v in w["outcomes"].items():
+                if k != "ok" and v:
+                    failed[k] = failed.get(k, 0) + int(v)
+            for k, v in (w.get("failures") or {}).items():
+                failed[k] = failed.get(k, 0) + int(v)
         rows: list[tuple[str, int, int, int]] = []
         if trace and trace_path.exists():
             for line in trace_path.read_text().splitlines():
                 parts = line.split()
                 if len(parts) >= 5 and parts[4] == "ok":
                     rows.append((parts[0], int(parts[1]), int(parts[2]), int(parts[3])))
-    return ClientRun("soakd", reqs / span, ok, reqs - ok, cpu, srv_cpu, rows)
+    return ClientRun("soakd" if workers == 1 else f"soakd-{workers}w", reqs / span, ok, reqs - ok, cpu, srv_cpu, rows,
+                     note=f"not ok: {failed}" if failed else "")
 
 
 def run_vllm(vllm_python: str, url: str, concurrency: int, duration: float, tokenizer: str | None,
@@ -749,8 +778,54 @@ def run_benchmark(a: argparse.Namespace) -> dict[str, Any]:
             timing[c]["cpu_percent"] = _median_opt([e["cpu_percent"] for e in es])
             timing[c]["matched"] = sum(e["matched"] for e in es)
     out["timing"] = timing
-    out["verdict"] = verdict(cap, timing, use_vllm)
+    out["scaling"] = scaling(a) if a.workers > 1 else None
+    out["verdict"] = verdict(cap, timing, use_vllm, out["scaling"])
     return out
+
+
+def scaling(a: argparse.Namespace) -> dict[str, Any]:
+    """``load.workers``: soakd with 1 and with ``--workers`` load worker processes, interleaved, against the
+    zero-latency server streaming ``--scaling-tokens``-token responses (streamed tokens/s), then against the timed
+    server (the timing error of each)."""
+    counts = (1, a.workers)
+    res: dict[str, Any] = {"tokens": a.scaling_tokens, "workers": a.workers, "capacity": {}, "timing": {}}
+    runs: dict[int, list[ClientRun]] = {w: [] for w in counts}
+    with ServerProcess(tokens=a.scaling_tokens) as srv:
+        print(f"scaling: zero-latency server {srv.url}, {a.scaling_tokens}-token streams, concurrency "
+              f"{a.concurrency}, soakd with 1 and {a.workers} load workers, {a.duration:g}s x {a.repeats}")
+        for rep in range(a.repeats):
+            for w in counts:
+                r = run_soakd(srv.url, a.concurrency, a.duration, server_pid=srv.pid, tokens=a.scaling_tokens,
+                              workers=w)
+                runs[w].append(r)
+                cpu = "-" if r.cpu_percent is None else f"{r.cpu_percent:.0f}%"
+                print(f"  [{rep + 1}/{a.repeats}] workers {w}  {r.requests_per_second * a.scaling_tokens:10.0f} "
+                      f"tokens/s  {r.requests_per_second:7.1f} req/s  cpu {cpu:>5}  errors {r.errors}"
+                      f"{'  ' + r.note[:200] if r.note else ''}", flush=True)
+    for w, rs in runs.items():
+        rps = _median(rs, "requests_per_second")
+        res["capacity"][str(w)] = {"tokens_per_second": rps * a.scaling_tokens if rps else None,
+                                   "requests_per_second": rps, "cpu_percent": _median(rs, "cpu_percent"),
+                                   "runs": [r.requests_per_second * a.scaling_tokens for r in rs],
+                                   "errors": sum(r.errors for r in rs), "notes": [r.note for r in rs if r.note]}
+    if a.timing_repeats > 0:
+        per: dict[int, list[dict[str, Any]]] = {w: [] for w in counts}
+        with ServerProcess(a.ttft, a.itl) as srv:
+            start = 0
+            for _rep in range(a.timing_repeats):
+                for w in counts:
+                    r = run_soakd(srv.url, a.concurrency, a.timing_duration, trace=True, server_pid=srv.pid, workers=w)
+                    ts = srv.timestamps(start)
+                    start += len(ts["first"])
+                    e = timing_errors(r.trace, ts)
+                    per[w].append(e)
+                    print(f"  timing, workers {w}: ttft err p50 {e['ttft']['p50']:+.3f} p99 {e['ttft']['p99']:+.3f} ms "
+                          f"({e['matched']} requests)", flush=True)
+        for w, es in per.items():
+            es = [e for e in es if e["matched"]]
+            res["timing"][str(w)] = ({k: {q: statistics.median(e[k][q] for e in es) for q in ("p50", "p99")}
+                                      for k in ("ttft", "e2e")} if es else None)
+    return res
 
 
 def _median_opt(vals: list[float | None]) -> float | None:
@@ -758,8 +833,20 @@ def _median_opt(vals: list[float | None]) -> float | None:
     return statistics.median(v) if v else None
 
 
-def verdict(cap: dict[str, Any], timing: dict[str, Any], vllm_measured: bool) -> dict[str, Any]:
+def verdict(cap: dict[str, Any], timing: dict[str, Any], vllm_measured: bool,
+            scale: dict[str, Any] | None = None) -> dict[str, Any]:
     checks: list[dict[str, Any]] = []
+    if scale:
+        one, many = scale["capacity"].get("1") or {}, scale["capacity"].get(str(scale["workers"])) or {}
+        if one.get("tokens_per_second") and many.get("tokens_per_second"):
+            ratio = many["tokens_per_second"] / one["tokens_per_second"]
+            checks.append({"check": f"{scale['workers']} workers >= 1.6x the tokens/s of one", "value": ratio,
+                           "limit": 1.6, "pass": ratio >= 1.6})
+        t1, tn = scale["timing"].get("1"), scale["timing"].get(str(scale["workers"]))
+        if t1 and tn:
+            lim = t1["ttft"]["p99"] + 1.0
+            checks.append({"check": f"{scale['workers']} workers ttft error p99 <= one's + 1 ms",
+                           "value": tn["ttft"]["p99"], "limit": lim, "pass": tn["ttft"]["p99"] <= lim})
     bare = (cap.get("bare") or {}).get("requests_per_second")
     soak = (cap.get("soakd") or {}).get("requests_per_second")
     if bare and soak:
@@ -832,6 +919,25 @@ def report(res: dict[str, Any]) -> str:
                          f"{t['ttft']['p99']:+9.3f} {t['e2e']['p50']:+9.3f} {t['e2e']['p99']:+9.3f} "
                          f"{t['send']['p50']:+9.3f} {t['send']['p99']:+9.3f} {t['matched']:9d}")
         lines.append("  (send = server request-received time - client send timestamp: informational, no target)")
+    sc = res.get("scaling")
+    if sc:
+        lines += ["", f"load workers ({sc['tokens']}-token streams, zero-latency server, concurrency "
+                      f"{res['config']['concurrency']}; timing error against the timed server, ms)",
+                  f"  {'workers':8s} {'tokens/s':>10s} {'req/s':>8s} {'CPU':>6s} {'tokens/CPU-s':>13s} {'vs one':>7s} "
+                  f"{'ttft p50':>9s} {'ttft p99':>9s}"]
+        base = (sc["capacity"].get("1") or {}).get("tokens_per_second")
+        for w, v in sc["capacity"].items():
+            tps, cpu = v["tokens_per_second"], v["cpu_percent"]
+            t = sc["timing"].get(w) or {}
+            if tps is None:
+                lines.append(f"  {w:8s} {'failed':>10s}  {'; '.join(v['notes'])[:200]}")
+                continue
+            p50 = f"{t['ttft']['p50']:+.3f}" if t else "-"
+            p99 = f"{t['ttft']['p99']:+.3f}" if t else "-"
+            per_cpu = f"{tps / (cpu / 100):.0f}" if cpu else "-"
+            lines.append(f"  {w:8s} {tps:10.0f} {v['requests_per_second']:8.0f} "
+                         f"{('-' if cpu is None else f'{cpu:.0f}%'):>6s} {per_cpu:>13s} "
+                         f"{(f'{tps / base:.2f}x' if base else '-'):>7s} {p50:>9s} {p99:>9s}")
     lines += ["", "targets"]
     for ch in res["verdict"]["checks"]:
         val = f"{ch['value']:.3f}" if isinstance(ch["value"], float) else str(ch["value"])
@@ -862,6 +968,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", default="bare,bare-uv,soakd", help="comma list of bare, bare-uv, soakd")
     p.add_argument("--vllm-python", help="python interpreter of a venv with vLLM (runs vllm bench serve)")
     p.add_argument("--vllm-tokenizer", help="tokenizer path for vllm bench serve (it must load offline)")
+    p.add_argument("--workers", type=int, default=2, help="load workers to compare with one (1: skip the comparison)")
+    p.add_argument("--scaling-tokens", type=int, default=256, help="tokens per response of the workers comparison")
     p.add_argument("--json", type=Path, help="write the results to this file")
     a = p.parse_args(argv)
     a.duration = a.duration or (3.0 if a.quick else 10.0)

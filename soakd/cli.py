@@ -705,7 +705,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def load_worker_main(argv: list[str]) -> int:
+    """``soakd _load-worker FD``: a load worker process of ``load.workers`` (``soakd.soak.worker``), started by
+    soakd itself: control on stdin, records out on FD, log lines on stdout as the parent's (with ``worker``)."""
+    import structlog  # noqa: PLC0415
+
+    from soakd import logging_setup  # noqa: PLC0415
+    from soakd.soak import worker  # noqa: PLC0415
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop, and tells it
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    def on_init(cfg: Any, index: int) -> None:
+        logging_setup.configure(cfg.log.format, cfg.log.level)
+        structlog.contextvars.bind_contextvars(worker=index)
+
+    try:
+        _run_async(worker.serve(int(argv[0]), on_init))
+    except Exception as exc:  # noqa: BLE001
+        print(f"soakd load worker failed: {exc!r}", file=sys.stderr)
+        return 1
+    finally:
+        logging_setup.drain()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    args_in = sys.argv[1:] if argv is None else argv
+    if args_in[:1] == ["_load-worker"]:  # not a user's command: soakd's own load worker process
+        return load_worker_main(args_in[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -10,9 +10,12 @@ pipeline → the verdict into the store → the reports → samplers, client, we
 
 One request's path: ``driver`` → ``client`` (fills a ``RequestRecord``) → ``recorder``
 (metrics; its window in ``windows``) → at the window's end the tick closes it →
-``pipeline`` (store → analysis → events → log) → ``soakd report`` renders it from the store.
+``pipeline`` (store → analysis → events → log) → ``soakd report`` renders it from the store. With
+``load.workers`` > 1 the driver is a ``WorkerPool`` of load processes whose records come back into the recorder.
 One sample's path: a scheduler job runs a ``SamplerRunner`` → its snapshot is on /metrics and
 goes to ``telemetry`` (its window; the store's per-minute samples at the next checkpoint).
+
+Longer than 500 lines: the start and stop order of every part is one sequence, and it reads best in one place.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from soakd.soak.canary import Canary, CanaryRunner
 from soakd.soak.driver import LoadDriver
 from soakd.soak.events import EventLog
 from soakd.soak.wedge import WedgeWatch
+from soakd.soak.workers import WorkerPool
 from soakd.analysis.ab import AbJudge
 from soakd.soak.exporter import AbExporter, AnalysisExporter, TargetIdentity
 from soakd.soak.target_run import TargetRun
@@ -151,6 +155,7 @@ class Runtime:
         self.progress = (progress if progress is not None
                          else (config.log.progress if config.log.progress is not None else sys.stderr.isatty()))
         self.quiesce: QuiesceProber | None = None
+        self.pool: WorkerPool | None = None  # load.workers > 1: the load's processes (soakd.soak.workers)
         self.canary: CanaryRunner | None = None
         self.stop_reason = ""
         self._stop_requested = asyncio.Event()
@@ -267,6 +272,8 @@ class Runtime:
                 log.info("run_already_complete", run_id=self.run_id, elapsed=round(self.session.elapsed_before, 1))
                 self.status.phase = "done"
                 return await self._finish("duration")
+            if cfg.load.workers > 1:
+                await self._spawn_workers(model)
             self._build_load(model, duration_left)
             assert self.load is not None
             self._add_load_jobs(scheduler)
@@ -293,6 +300,8 @@ class Runtime:
             if self.wedge is not None:
                 await self.wedge.close()
             await self.probe_client.close()
+            if self.pool is not None:
+                await self.pool.close()
             await self.heartbeat.stop()
             await self.web.stop()
             await self.session.close()
@@ -305,6 +314,22 @@ class Runtime:
         if up:
             self.status.target_seen = True
         self.metrics.target_up.value = 1.0 if up else 0.0
+
+    async def _spawn_workers(self, model: str) -> None:
+        """``load.workers`` > 1: the worker processes, started and ready before the timeline starts."""
+        cfg, primary = self.config, self.targets[0]
+        n = cfg.load.workers
+        init = {"config": cfg, "scenarios": self.scenarios, "target": primary.cfg, "api_key": self.api_key,
+                "model": model, "pool_size": -(-self._pool_size(cfg) // n), "grace": cfg.run.grace}
+        self.pool = WorkerPool(n, init, cfg.run.max_requests, patience=self.policies.close_patience, clock=self.clock)
+        try:
+            await self.pool.spawn()
+        except (OSError, RuntimeError, TimeoutError) as exc:
+            raise StartupError(f"load.workers: cannot start {n} load worker processes: {exc}") from None
+        pool = self.pool
+        for r in self.runners:
+            if r.name == "host":  # soakd's CPU and memory are its workers' too
+                r.sampler.worker_pids = lambda: [w.proc.pid for w in pool.workers if w.proc.returncode is None]
 
     def _build_load(self, model: str, duration: float) -> None:
         cfg, clock = self.config, self.clock
@@ -327,8 +352,13 @@ class Runtime:
                 for listener in self.record_listeners:
                     rec.add_listener(listener)
             rec.set_target_up(True)
-            drv = LoadDriver(cfg.load, t.client, Workload(self.scenarios, cfg.load.mix, t.model, cfg.run.seed), rec,
-                             timeline, max_requests=cfg.run.max_requests, seed=cfg.run.seed, clock=clock)
+            drv: LoadDriver | WorkerPool
+            if self.pool is not None and t.reference:  # the load in worker processes, its records into rec
+                drv = self.pool
+                self.pool.start(rec, timeline)
+            else:
+                drv = LoadDriver(cfg.load, t.client, Workload(self.scenarios, cfg.load.mix, t.model, cfg.run.seed),
+                                 rec, timeline, max_requests=cfg.run.max_requests, seed=cfg.run.seed, clock=clock)
             t.load = Load(timeline, ws, rec, drv)
 
         def on_beat(_t: float, lag: float, cpu: float) -> None:  # soakd's own health into every target's windows
@@ -362,6 +392,7 @@ class Runtime:
         self.status.phase = "warmup" if cfg.run.warmup > 0 else "running"
         closed = cfg.load.closed_loop
         log.info("load_started", model=model, scenarios=list(self.scenarios), mode="closed" if closed else "open",
+                 workers=cfg.load.workers,
                  concurrency=cfg.load.effective_concurrency if closed else None, rate=cfg.load.rate, duration=duration,
                  window=cfg.run.window, warmup=cfg.run.warmup, **trace_log_fields(self.scenarios, cfg))
 
@@ -476,7 +507,9 @@ class Runtime:
         for t in self.targets:
             if t.load is not None:
                 t.load.recorder.account_outage(now)
-                t.pipeline.submit(t.load.windows.close_due(now, final=final))
+                # load workers: a window closes once every worker has reported past its end
+                upto = now if final or self.pool is None or not t.reference else self.pool.closing_time(now)
+                t.pipeline.submit(t.load.windows.close_due(upto, final=final))
 
     async def _cgroup(self) -> None:
         """CFS throttling of soakd's own cgroup since the last second, into the open window."""

@@ -8,7 +8,11 @@ merge exactly.
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 from ddsketch import LogCollapsingLowestDenseDDSketch
+from ddsketch.mapping import LogarithmicMapping
 
 RELATIVE_ACCURACY = 0.0025
 """0.25%: well inside the 1% the method allows, and small next to the sampling intervals it widens (a
@@ -19,6 +23,81 @@ BIN_LIMIT = 8192  # 8192 log buckets at 0.25% cover ~18 orders of magnitude: nev
 
 def new_sketch() -> LogCollapsingLowestDenseDDSketch:
     return LogCollapsingLowestDenseDDSketch(relative_accuracy=RELATIVE_ACCURACY, bin_limit=BIN_LIMIT)
+
+
+def add_many(sketch, values) -> None:  # noqa: ANN001
+    """``sketch.add(v if v > 0 else 0.0)`` for every value, in one pass: the same buckets, count, sum, min and
+    max (a 256-token stream's inter-token gaps in a quarter of the time of adds one by one).
+    A negative value counts as 0 (a gap between two timestamps: never negative on CLOCK_MONOTONIC)."""
+    mp = sketch._mapping
+    n = len(values)
+    if not n:
+        return
+    if type(mp) is not LogarithmicMapping:
+        for v in values:
+            sketch.add(v if v > 0 else 0.0)
+        return
+    if n < 48:  # numpy's call overhead beats a short loop: the mapping and the store's add, inlined
+        _add_short(sketch, mp, values)
+        return
+    a = np.maximum(np.asarray(values, dtype=np.float64), 0.0)
+    pos = a[a > mp.min_possible]
+    keys, counts = np.unique(np.ceil(np.log2(pos) * mp._multiplier) + mp._offset, return_counts=True)
+    store = sketch._store
+    if len(keys):
+        kl = keys.astype(np.int64).tolist()
+        cl = counts.astype(np.float64).tolist()
+        store.add(kl[0], 0.0)  # extend the range to both ends, then count into the bins directly
+        store.add(kl[-1], 0.0)
+        if getattr(store, "is_collapsed", False):
+            for k, c in zip(kl, cl, strict=True):
+                store.add(k, c)
+        else:
+            bins, o = store.bins, store.offset
+            for k, c in zip(kl, cl, strict=True):
+                bins[k - o] += c
+            store.count += float(len(pos))
+    sketch._zero_count += float(n - len(pos))
+    sketch._count += float(n)
+    total = sketch._sum
+    for v in values:  # in order, as add() sums: numpy's pairwise sum differs in the last bit, by machine
+        if v > 0:
+            total += v
+    sketch._sum = total
+    low, high = float(a.min()), float(a.max())
+    if low < sketch._min:
+        sketch._min = low
+    if high > sketch._max:
+        sketch._max = high
+
+
+def _add_short(sketch, mp: LogarithmicMapping, values) -> None:  # noqa: ANN001
+    mult, off, lo = mp._multiplier, mp._offset, mp.min_possible
+    log, ceil = math.log, math.ceil
+    store = sketch._store
+    bins, o, kmin, kmax = store.bins, store.offset, store.min_key, store.max_key
+    total, low, high, zero, inside = sketch._sum, sketch._min, sketch._max, 0, 0
+    for v in values:
+        if v > lo:
+            k = int(ceil(log(v, 2) * mult) + off)  # LogarithmicMapping.key, to the bit
+            if kmin <= k <= kmax:
+                bins[k - o] += 1.0
+                inside += 1
+            else:  # outside the store's range: its add extends it
+                store.add(k, 1.0)
+                bins, o, kmin, kmax = store.bins, store.offset, store.min_key, store.max_key
+        else:
+            zero += 1
+            v = 0.0
+        total += v
+        if v < low:
+            low = v
+        if v > high:
+            high = v
+    store.count += float(inside)
+    sketch._zero_count += float(zero)
+    sketch._count += float(len(values))
+    sketch._sum, sketch._min, sketch._max = total, low, high
 
 
 def quantile(sketch, q: float) -> float | None:  # noqa: ANN001

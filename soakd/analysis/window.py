@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from soakd.analysis.sketch import RELATIVE_ACCURACY, merged, new_sketch, quantile
+import numpy as np
+
+from soakd.analysis.sketch import RELATIVE_ACCURACY, add_many, merged, new_sketch, quantile
 from soakd.analysis.stats import quantile_ci
 from soakd.analysis.telemetry import TelemetryStats
 from soakd.config.analysis import ClientConfig
@@ -80,7 +82,7 @@ class ClientStats:
     headers are not progress)."""
 
     __slots__ = ("lag", "heartbeats", "lag_max", "stall", "cpu", "throttled", "periods", "flags", "start",
-                 "inflight_delta", "starts", "request_stall", "impaired_requests")
+                 "inflight_delta", "starts", "request_stall", "impaired_requests", "_flags_np", "by_source")
 
     def __init__(self, start: float, seconds: float) -> None:
         self.lag = new_sketch()
@@ -88,6 +90,7 @@ class ClientStats:
         self.lag_max = 0.0
         self.stall = 0.0
         self.request_stall = 0.0  # the part of the window's time in loop lags beyond the request bound
+        self.by_source: dict[int, list[float]] | None = None  # a load worker's stalls: [stall, request stall]
         self.impaired_requests = 0  # requests of the window that overlapped such a lag
         self.cpu: float | None = None
         self.throttled: float | None = None
@@ -97,6 +100,7 @@ class ClientStats:
         # window is measured whole, on them)
         n = max(1, math.ceil((seconds + min(seconds, TAIL)) / BUCKET))
         self.flags = bytearray(n)  # bit 0: a byte arrived in the bucket
+        self._flags_np = np.frombuffer(self.flags, dtype=np.uint8)  # the same bytes, for numpy's writes
         self.inflight_delta = [0] * (n + 1)  # +1 where a request starts, -1 where it ends
         self.starts = [0] * (n + 1)  # requests that start in the bucket (the freeze's silent requests)
 
@@ -117,6 +121,12 @@ class ClientStats:
         self.inflight_delta[b + 1] -= 1
         flags = self.flags
         flags[b] = 1  # the end of the body
+        if len(token_ns) >= 48:  # a long stream: its buckets by numpy
+            idx = (np.asarray(token_ns, dtype=np.float64) * k + base).astype(np.int64)
+            idx = idx[(idx >= 0) & (idx <= last)]
+            if len(idx):
+                self._flags_np[idx] = 1
+            return
         for t in token_ns:
             i = int(t * k + base)
             if 0 <= i <= last:
@@ -131,14 +141,32 @@ class ClientStats:
         if cpu_seconds is not None:
             self.cpu = (self.cpu or 0.0) + cpu_seconds
 
-    def add_stall(self, seconds: float, lag: float, beyond_bound: bool) -> None:
+    def add_stall(self, seconds: float, lag: float, beyond_bound: bool, source: int | None = None) -> None:
         """The part (``seconds``) of a loop lag of ``lag`` that fell in this window; ``beyond_bound``: the
-        lag was long enough to impair the requests it overlapped (``request_max_lag``)."""
+        lag was long enough to impair the requests it overlapped (``request_max_lag``). ``source``: the load
+        worker process whose loop it was (None: this process's): each process's stalls add up on their own, and
+        the window's figures are the worst process's (two workers stalling at once are not twice the stall)."""
         self.lag_max = max(self.lag_max, lag)
+        if source is not None:
+            if self.by_source is None:
+                self.by_source = {}
+            acc = self.by_source.setdefault(source, [0.0, 0.0])
+            if lag > STALL_LAG:
+                acc[0] += seconds
+            if beyond_bound:
+                acc[1] += seconds
+            return
         if lag > STALL_LAG:
             self.stall += seconds
         if beyond_bound:
             self.request_stall += seconds
+
+    def worst_stalls(self) -> tuple[float, float]:
+        """(stall, request stall) seconds of the process that stalled most in this window."""
+        stall, request = self.stall, self.request_stall
+        for a, b in (self.by_source or {}).values():
+            stall, request = max(stall, a), max(request, b)
+        return stall, request
 
     def add_lag(self, lag: float, cpu_seconds: float | None = None, bound: float | None = None) -> None:
         """A heartbeat and its whole lag charged to this window (``bound``: the request bound, default 0.1 s)."""
@@ -177,9 +205,10 @@ class ClientStats:
                 lag_bound: float | None = None) -> ClientSummary:
         """``requests``: the window's requests (the impaired share's denominator); ``lag_bound``: the stall
         bound in force (default ``cfg.request_max_lag``)."""
-        out = ClientSummary(heartbeats=self.heartbeats, stall_seconds=self.stall, cpu_seconds=self.cpu,
+        stall, request_stall = self.worst_stalls()
+        out = ClientSummary(heartbeats=self.heartbeats, stall_seconds=stall, cpu_seconds=self.cpu,
                             cgroup_throttled_seconds=self.throttled, cgroup_throttled_periods=self.periods,
-                            requests_impaired=self.impaired_requests, request_stall_seconds=self.request_stall,
+                            requests_impaired=self.impaired_requests, request_stall_seconds=request_stall,
                             impaired_share=self.impaired_requests / requests if requests else None)
         if self.heartbeats:
             out.loop_lag_p50_seconds = quantile(self.lag, 0.5)
@@ -199,11 +228,11 @@ class ClientStats:
         if requests and self.impaired_requests > share * requests:
             why.append(f"{self.impaired_requests} of {requests} requests ({self.impaired_requests / requests:.1%}) "
                        f"overlapped a stall of soakd's event loop beyond {bound}")
-        if wall > 0 and self.request_stall > share * wall:
-            why.append(f"soakd's event loop stalled beyond {bound} for {self.request_stall:.2f} s "
-                       f"({self.request_stall / wall:.1%} of the window)")
-        if cfg.max_stall_share is not None and wall > 0 and self.stall > cfg.max_stall_share * wall:
-            why.append(f"soakd's event loop stalled {self.stall:.2f} s ({self.stall / wall:.1%} of the window)")
+        if wall > 0 and request_stall > share * wall:
+            why.append(f"soakd's event loop stalled beyond {bound} for {request_stall:.2f} s "
+                       f"({request_stall / wall:.1%} of the window)")
+        if cfg.max_stall_share is not None and wall > 0 and stall > cfg.max_stall_share * wall:
+            why.append(f"soakd's event loop stalled {stall:.2f} s ({stall / wall:.1%} of the window)")
         if cfg.max_lag is not None and self.lag_max > cfg.max_lag:
             why.append(f"one stall of {self.lag_max * 1000:.0f} ms")
         if (cfg.max_throttled_share is not None and self.throttled is not None and wall > 0
@@ -338,9 +367,7 @@ class OpenWindow:
                 s.ttft.add(ttft)
                 sub.add(j, "ttft", ttft)
                 if gaps:
-                    add = s.itl.add
-                    for g in gaps:
-                        add(g if g > 0 else 0.0)
+                    add_many(s.itl, gaps)
                     sub.add(j, "itl", sum(gaps) / len(gaps))
                 s.streamed += 1
             s.prompt_tokens += rec.prompt_tokens

@@ -45,6 +45,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--rate", "load.rate", "open loop: requests per second", "float", clears="load.concurrency"),
     Flag("--arrival", "load.arrival", "open-loop arrival process"),
     Flag("--max-in-flight", "load.max_in_flight", "open loop: cap on requests in flight", "int"),
+    Flag("--workers", "load.workers", "load worker processes (default 1): for a node one process cannot drive", "int"),
     Flag("--mix", "load.mix", "scenario weights, e.g. short_chat=4,long_context=1,batch_burst=1", "mix"),
     Flag("--window", "run.window", "analysis window (default 30m)", "duration"),
     Flag("--warmup", "run.warmup", "warm-up excluded from statistics (default 2m)", "duration"),

@@ -287,6 +287,12 @@ class LoadConfig(_Model):
         "is refused, unless sweep_fraction is given explicitly: then that share of its last level.",
     )
     sweep_fraction: float = Field(0.8, gt=0, le=1, description="With from_sweep: the share of the knee to soak at.")
+    workers: int = Field(
+        1, ge=1, le=64, description="Load worker processes, for a node that one process cannot drive: each sends a "
+        "share of the load (the closed loop's concurrency, the open loop's arrivals and max_in_flight, "
+        "max_requests) on the one timeline and seed, and sends its request records to soakd, which owns the "
+        "windows, analysis, store and /metrics. 1 (the default): everything in one process. One worker drives about "
+        "300k streamed tokens/s per core (docs/performance.md).")
 
     @model_validator(mode="before")
     @classmethod
@@ -329,6 +335,9 @@ class LoadConfig(_Model):
                 f"set either concurrency (closed loop) or rate (open loop), not both "
                 f"(got concurrency={self.concurrency}, rate={self.rate})"
             )
+        if self.workers > 1 and self.closed_loop and self.workers > self.effective_concurrency:
+            raise ValueError(f"workers: {self.workers} workers for a concurrency of {self.effective_concurrency}: "
+                             "each worker needs at least one of the closed loop's requests")
         if self.concurrency is not None and self.arrival == "trace":
             raise ValueError(f"arrival: trace replays the trace's timestamps (an open loop): leave concurrency "
                              f"unset (got concurrency={self.concurrency}), or drop arrival to replay the trace "
@@ -573,6 +582,10 @@ class SoakConfig(_Model):
             seen.setdefault(t.name, i)
         if self.targets and self.target.model_fields_set:
             out.append("target: set target (one system) or targets (several), not both")
+        if len(self.targets) > 1 and self.load.workers > 1:
+            out.append(f"load.workers: {self.load.workers} worker processes with {len(self.targets)} targets: an A/B "
+                       "run sends the same requests to every target from one process (pairs stay paired); use one "
+                       "worker")
         ref = self.analysis.ab.reference
         if ref is not None and ref not in {t.name for t in self.target_list()}:
             out.append(f"analysis.ab.reference: {ref!r} is not a target; targets: {[t.name for t in self.target_list()]}")

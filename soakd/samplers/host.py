@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from soakd.config import HostSamplerConfig
 from soakd.core.series import Series, series
@@ -67,6 +67,9 @@ class HostSampler:
         self.proc = proc
         self.self_pid = os.getpid()
         self._target_missing_logged = False
+        # load.workers > 1: soakd's load worker processes, whose CPU and memory are soakd's too (the runtime sets it)
+        self.worker_pids: Callable[[], list[int]] = list
+        self._worker_cpu: dict[int, float] = {}  # the last CPU seen of each worker (a counter never goes down)
 
     def target_pids(self) -> set[int]:
         c = self.config
@@ -80,6 +83,14 @@ class HostSampler:
         if not os.path.isdir(f"{self.proc}/{self.self_pid}"):
             raise SamplerUnavailable(f"{self.proc} is not available on this system")
         cpu, rss = read_stat(self.self_pid, self.proc)
+        for pid in self.worker_pids():
+            try:
+                w_cpu, w_rss = read_stat(pid, self.proc)
+            except (OSError, ValueError):
+                continue
+            self._worker_cpu[pid] = w_cpu
+            rss += w_rss
+        cpu += sum(self._worker_cpu.values())
         out = [
             series("soakd_self_resident_memory_bytes", rss),
             series("soakd_self_cpu_seconds_total", cpu),

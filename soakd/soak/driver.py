@@ -45,7 +45,12 @@ class LoadDriver:
         max_requests: int | None = None,
         seed: int = 0,
         clock: Clock = SYSTEM_CLOCK,
+        share: tuple[int, int] = (0, 1),
     ) -> None:
+        """``share``: (k, N), load worker k of N (``load.workers``, ``soakd.soak.worker``): the closed loop's
+        workers k, k+N, ... of the concurrency; the open loop's arrivals k, k+N, ... of the one seeded
+        sequence, with an N-th of ``max_in_flight``."""
+        self.share = share
         self.load = load
         self.client = client
         self.workload = workload
@@ -200,14 +205,20 @@ class LoadDriver:
     async def _open_loop(self) -> None:
         loop = asyncio.get_running_loop()
         tl = self.timeline
-        cap = self.load.max_in_flight
+        k, n = self.share
+        cap = -(-self.load.max_in_flight // n)
         slots = asyncio.Semaphore(cap)
         late = self.recorder.metrics.late_sends
         stop_wait = asyncio.ensure_future(self._stop.wait())
         try:
             # rate is requests per second; a burst is one arrival of burst_size requests
             unit_rate = float(self.load.rate or 1.0) / self.workload.requests_per_unit
-            for t, arrival in self._arrivals(unit_rate):
+            for i, (t, arrival) in enumerate(self._arrivals(unit_rate)):
+                if n > 1 and i % n != k:  # another worker's arrival
+                    if t >= tl.end:
+                        self.stop("duration")
+                        break
+                    continue
                 if t >= tl.end:
                     self.stop("duration")
                     break
@@ -269,7 +280,8 @@ class LoadDriver:
         """Drive load until the end; then drain (``grace`` seconds) and cancel what is left."""
         loop = asyncio.get_running_loop()
         if self.load.closed_loop:
-            for i in range(self.load.effective_concurrency):
+            k, n = self.share
+            for i in range(k, self.load.effective_concurrency, n):
                 task = loop.create_task(self._worker(i))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)

@@ -25,6 +25,7 @@ from soakd.metrics import SoakMetrics
 from soakd.samplers.base import SamplerRunner
 from soakd.soak.canary import CanaryRunner
 from soakd.soak.driver import LoadDriver
+from soakd.soak.workers import WorkerPool
 from soakd.soak.recorder import Recorder
 from soakd.soak.session import RunSession
 from soakd.soak.windows import WindowSet
@@ -39,7 +40,7 @@ class Load:
     timeline: Timeline
     windows: WindowSet
     recorder: Recorder
-    driver: LoadDriver
+    driver: LoadDriver | WorkerPool  # load.workers > 1: the worker processes (soakd.soak.workers)
 
 
 def compact(s: WindowSummary) -> dict[str, Any]:

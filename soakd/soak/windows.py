@@ -37,6 +37,65 @@ from soakd.core.summary import QuiesceProbe, WindowSummary
 from soakd.core.timeline import SYSTEM_CLOCK, Clock, Timeline
 
 
+class LagLedger:
+    """soakd's own loop lags as one heartbeat saw them: the stalls beyond the request bound (for the requests they
+    overlapped), the bound itself (``request_max_lag``, or ``lag_relative`` times the run's p90 lag when that is
+    more) and the time up to which lags are charged. A window set keeps one for its process's heartbeat; a load
+    worker process (``soakd.soak.worker``) keeps its own and marks its requests impaired with it."""
+
+    def __init__(self, request_max_lag: float, lag_relative: float) -> None:
+        self.request_max_lag = request_max_lag
+        self.lag_relative = lag_relative
+        self.lag_bound = request_max_lag
+        self._lags = new_sketch()  # every heartbeat lag of the run, by the time it covered (its p90 raises the bound)
+        self._beats = 0
+        self.last_beat: float | None = None  # the time of the last heartbeat (None: none yet)
+        self._covered = float("-inf")  # loop time up to which lags are charged
+        self.stalls: deque[tuple[float, float]] = deque(maxlen=20_000)  # recent lags beyond the bound
+
+    def cover(self, start: float, end: float, lag: float) -> tuple[float, float, bool] | None:
+        """A lag of ``lag`` covering ``[start, end]``: its part not covered yet, and whether it is beyond the
+        request bound (then remembered for the requests it overlapped); None when nothing is new."""
+        start = max(start, self._covered)
+        if end <= start:
+            return None
+        self._covered = end
+        long = lag >= self.lag_bound
+        if long:
+            self.stalls.append((start, end))
+        return start, end, long
+
+    def mark(self, t: float, lag: float) -> float:
+        """A beat at ``t``: the weight of its lag (the time since the last beat: the run's p90 lag is the lag it
+        had 90% of the time, whatever the beat rate; a stall is one beat however long)."""
+        weight = t - self.last_beat if self.last_beat is not None and t > self.last_beat else lag + 0.01
+        self.last_beat = t if self.last_beat is None else max(self.last_beat, t)
+        return weight
+
+    def learn(self, lag: float, weight: float) -> None:
+        """The lag into the run's distribution; every 100 beats the bound follows the run's usual lag."""
+        self._lags.add(lag, max(weight, 1e-6))
+        self._beats += 1
+        if self.lag_relative > 0 and self._beats % 100 == 0:
+            self.lag_bound = max(self.request_max_lag, self.lag_relative * (quantile(self._lags, 0.9) or 0.0))
+
+    def beat(self, t: float, lag: float) -> tuple[float, float, bool] | None:
+        """A whole beat (``cover``, ``mark``, ``learn``) for a process that charges no window."""
+        lag = max(0.0, lag)
+        span = self.cover(t - lag, t, lag)
+        self.learn(lag, self.mark(t, lag))
+        return span
+
+    def impaired(self, start: float, end: float) -> bool:
+        """Whether ``[start, end]`` overlapped a loop lag beyond the request bound."""
+        for a, b in reversed(self.stalls):
+            if b < start:
+                return False
+            if a <= end:
+                return True
+        return False
+
+
 class WindowSet:
     def __init__(self, timeline: Timeline, *, confidence: float = 0.95, patience: float = 120.0,
                  clock: Clock = SYSTEM_CLOCK, client: ClientConfig | None = None,
@@ -55,21 +114,28 @@ class WindowSet:
         self.closed_count = 0
         self.ended = False  # the final close happened: no window opens or closes after it
         cc = client or ClientConfig()
-        self.request_max_lag = cc.request_max_lag
-        self.lag_relative = cc.request_lag_relative
-        self.lag_bound = cc.request_max_lag  # the bound now: request_max_lag, or more on a run that always lags
-        self._lags = new_sketch()  # every heartbeat lag of the run, by the time it covered (its p90 raises the bound)
-        self._beats = 0
+        self.ledger = LagLedger(cc.request_max_lag, cc.request_lag_relative)
         # the heartbeat's period when the runtime's 10 ms heartbeat feeds add_lag: a silence of it longer
         # than this and the request bound, seen at a close, is a stall in progress (None: no such check)
         self.heartbeat_period = heartbeat_period
-        self.last_beat: float | None = None  # the time of the last heartbeat (None: none yet: settle at once)
-        self._covered = float("-inf")  # loop time up to which lags are charged
-        self.stalls: deque[tuple[float, float]] = deque(maxlen=20_000)  # recent lags beyond the bound
         self._pending: list[tuple[float, int, RequestRecord, list[float] | None, float, float]] = []
         self._seq = itertools.count()
         # called with every settled measured record: (record, gaps, impaired)
         self.on_settled: Callable[[RequestRecord, list[float] | None, bool], None] | None = None
+
+    @property
+    def lag_bound(self) -> float:
+        """The request bound now: request_max_lag, or more on a run that always lags."""
+        return self.ledger.lag_bound
+
+    @property
+    def last_beat(self) -> float | None:
+        """The time of the last heartbeat (None: none yet: requests settle at once)."""
+        return self.ledger.last_beat
+
+    @property
+    def stalls(self) -> deque[tuple[float, float]]:
+        return self.ledger.stalls
 
     # ---- the windows
     def window_for(self, index: int) -> OpenWindow:
@@ -94,14 +160,18 @@ class WindowSet:
 
     # ---- what comes in
     def started(self, rec: RequestRecord) -> None:
+        """A request sent now (or at its ``t_sent``, set by the load worker that sent it)."""
         w = self.window_for(rec.window)
         w.in_flight += 1
-        rec.t_sent = now = self.clock.monotonic()
+        now = rec.t_sent
+        if now is None:
+            rec.t_sent = now = self.clock.monotonic()
         rec.sub = w.sub_index(now)
 
-    def finished(self, rec: RequestRecord, gaps: list[float] | None) -> None:
+    def finished(self, rec: RequestRecord, gaps: list[float] | None, impaired: bool | None = None) -> None:
         """A finished request: into its window (once the heartbeat has beaten after its end), or counted
-        late when that closed already."""
+        late when that closed already. ``impaired``: decided already (a load worker's request, by the worker's
+        own heartbeat: this process's stalls did not touch it), settled at once."""
         w = self.open.get(rec.window)
         if w is None:
             return
@@ -109,6 +179,9 @@ class WindowSet:
             w.in_flight -= 1
             return
         start, end = self._span(rec)
+        if impaired is not None:
+            self._settle(rec, gaps, start, end, impaired)
+            return
         if self.last_beat is not None and end > self.last_beat:
             heapq.heappush(self._pending, (end, next(self._seq), rec, gaps, start, end))
             return
@@ -124,19 +197,15 @@ class WindowSet:
 
     def impaired(self, start: float, end: float) -> bool:
         """Whether ``[start, end]`` overlapped a loop lag beyond the request bound."""
-        for a, b in reversed(self.stalls):
-            if b < start:
-                return False
-            if a <= end:
-                return True
-        return False
+        return self.ledger.impaired(start, end)
 
-    def _settle(self, rec: RequestRecord, gaps: list[float] | None, start: float, end: float) -> None:
+    def _settle(self, rec: RequestRecord, gaps: list[float] | None, start: float, end: float,
+                impaired: bool | None = None) -> None:
         w = self.open.get(rec.window)
         if w is None:
             return
         w.in_flight -= 1
-        bad = bool(self.stalls) and self.impaired(start, end)
+        bad = impaired if impaired is not None else bool(self.stalls) and self.impaired(start, end)
         if w.closed:
             w.late_records += 1
         w.add(rec, gaps, impaired=bad)
@@ -176,30 +245,26 @@ class WindowSet:
         if t < self.timeline.end and self.accepts(idx):
             self.window_for(idx).client.add_beat(lag, cpu_seconds)
         self._charge(t - lag, t, lag)
-        # each lag weighs the time since the last beat: the run's p90 lag is the lag it had 90% of the time,
-        # whatever the beat rate (a stall is one beat however long; a starved loop beats rarely)
-        weight = t - self.last_beat if self.last_beat is not None and t > self.last_beat else lag + 0.01
-        self.last_beat = t if self.last_beat is None else max(self.last_beat, t)
+        weight = self.ledger.mark(t, lag)
         self._release(t)
-        self._lags.add(lag, max(weight, 1e-6))
-        self._beats += 1
-        if self.lag_relative > 0 and self._beats % 100 == 0:  # the bound follows the run's usual lag
-            self.lag_bound = max(self.request_max_lag, self.lag_relative * (quantile(self._lags, 0.9) or 0.0))
+        self.ledger.learn(lag, weight)
 
     def _charge(self, start: float, end: float, lag: float) -> None:
         """A loop lag of ``lag`` covering ``[start, end]``: its part not charged yet, to the windows it
         overlaps; a lag beyond the request bound is remembered for the requests it overlapped."""
-        start = max(start, self._covered)
-        if end <= start:
+        span = self.ledger.cover(start, end, lag)
+        if span is None:
             return
-        self._covered = end
-        long = lag >= self.lag_bound
-        if long:
-            self.stalls.append((start, end))
+        self.charge_stall(*span, lag)
+
+    def charge_stall(self, start: float, end: float, long: bool, lag: float, source: int | None = None) -> None:
+        """A loop lag of ``lag`` over ``[start, end]`` into the windows' client health; ``source``: the load
+        worker whose loop it was (``soakd.soak.worker``: its stalls impair its own requests, and count in the
+        window's health as that process's), None for this process's."""
         if lag <= STALL_LAG and not long:
             idx = self.timeline.window_at(end)
             if end < self.timeline.end and self.accepts(idx):
-                self.window_for(idx).client.add_stall(end - start, lag, False)
+                self.window_for(idx).client.add_stall(end - start, lag, False, source)
             return
         tl = self.timeline
         k0, k1 = tl.window_at(start), tl.window_at(min(end, tl.end - 1e-9))
@@ -209,7 +274,7 @@ class WindowSet:
             ws, we = tl.window_bounds(k)
             overlap = min(end, we) - max(start, ws)
             if overlap > 0:
-                self.window_for(k).client.add_stall(overlap, lag, long)
+                self.window_for(k).client.add_stall(overlap, lag, long, source)
 
     def check_gap(self, now: float) -> None:
         """A close while the heartbeat has been silent beyond its period and the request bound: the loop

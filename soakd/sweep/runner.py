@@ -153,6 +153,10 @@ class SweepRunner:
             self.heartbeat.start()
             log.info("sweep_started", sweep=self.sweep_id, mode=self.mode, levels=self.levels,
                      metrics_url=self.web.url + "/metrics", state_db=str(store.path))
+            if cfg.load.workers > 1:
+                log.warning("sweep_workers_ignored", workers=cfg.load.workers,
+                            reason="a sweep sends from one process (load.workers applies to soakd run): a knee near "
+                                   "one process's capacity (docs/performance.md) may be soakd's, not the server's")
             model = await resolve_model(self.client, cfg.target, cfg.target.model, has_key=bool(self.api_key),
                                         stop=self._stop, give_up_after=cfg.run.wait_for_target)
             if model is None:

@@ -15,7 +15,7 @@ import random
 
 
 class StratifiedMix:
-    def __init__(self, weights: dict[str, float], seed: int = 0) -> None:
+    def __init__(self, weights: dict[str, float], seed: int | str = 0) -> None:
         items = [(name, float(w)) for name, w in weights.items() if w > 0]
         if not items:
             raise ValueError("the mix has no scenario with a positive weight")

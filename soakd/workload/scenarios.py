@@ -207,12 +207,15 @@ def _valid_messages(msgs: Any) -> bool:
 class PromptSource:
     """Messages for one scenario, deterministic from the seed."""
 
-    def __init__(self, scenario: Scenario, corpus: Corpus, seed: int) -> None:
+    def __init__(self, scenario: Scenario, corpus: Corpus, seed: int, share: tuple[int, int] = (0, 1)) -> None:
+        """``share``: (k, N), load worker k of N: draws of its own, the run's shared prefixes, a dataset from its
+        k-th N-th (the same order in every worker)."""
         self.sc = scenario
         self.corpus = corpus
-        self.rng = random.Random(f"{seed}-{scenario.name}")
+        own = f"-w{share[0]}" if share[0] else ""
+        self.rng = random.Random(f"{seed}-{scenario.name}{own}")
         self.seed = seed
-        self.prefix_rng = random.Random(f"{seed}-{scenario.name}-prefixes")  # apart: prompts stay as without
+        self.prefix_rng = random.Random(f"{seed}-{scenario.name}-prefixes{own}")  # apart: prompts stay as without
         self.prefix_tokens = 0  # the shared prefix of the last messages() (0: none)
         self._prefixes: dict[int, str] = {}
         self.dataset: list[list[dict[str, str]]] | None = None
@@ -221,7 +224,8 @@ class PromptSource:
         if scenario.source_type not in ("synthetic", "trace") and scenario.source_path is not None:
             self.dataset = load_dataset(scenario.source_path, scenario.source_type)
             self._order = list(range(len(self.dataset)))
-            self.rng.shuffle(self._order)
+            (random.Random(f"{seed}-{scenario.name}") if share[0] else self.rng).shuffle(self._order)
+            self._pos = share[0] * len(self._order) // share[1]
 
     def length(self) -> int:
         lo, hi = self.sc.prompt_tokens

@@ -34,18 +34,24 @@ class Workload:
     """Builds request bodies. Deterministic for a given seed and sequence of calls."""
 
     def __init__(self, scenarios: dict[str, Scenario], weights: dict[str, float], model: str, seed: int = 0,
-                 corpus: Corpus | None = None) -> None:
+                 corpus: Corpus | None = None, share: tuple[int, int] = (0, 1)) -> None:
+        """``share``: (k, N), load worker k of N (``load.workers``): its own draws (prompts, lengths, the mix's
+        order), the run's shared text (corpus, shared prefixes, a trace's blocks), trace entries k, k+N, ... in
+        the closed loop and a dataset from its k-th N-th; (0, 1), a single worker, is the same as before."""
         self.scenarios = scenarios
         self.model = model
+        self.share = share
+        k = share[0]
         # weights are shares of requests; a batch_burst pick releases burst_size requests at once
         self.mix = StratifiedMix(
-            {n: w / max(1, scenarios[n].burst_size) for n, w in weights.items() if n in scenarios}, seed
+            {n: w / max(1, scenarios[n].burst_size) for n, w in weights.items() if n in scenarios},
+            seed if not k else f"{seed}-w{k}",
         )
         request_weight = sum(w for n, w in weights.items() if n in scenarios and w > 0)
         self.requests_per_unit = request_weight / self.mix.total
         """Mean requests per unit (a burst is one unit): the open loop's unit rate is rate / this."""
         corpus = corpus or Corpus(seed)
-        self.sources = {name: PromptSource(sc, corpus, seed) for name, sc in scenarios.items()}
+        self.sources = {name: PromptSource(sc, corpus, seed, share) for name, sc in scenarios.items()}
         self._idle_conversations: dict[str, list[Conversation]] = {n: [] for n in scenarios}
         self.trace: Trace | None = None
         self.trace_scenario: Scenario | None = None
@@ -78,12 +84,13 @@ class Workload:
     def _next_in_order(self, window: int) -> TraceArrival:
         assert self.trace is not None
         n = len(self.trace.entries)
+        k, step = self.share
         if window != self._trace_window:
-            self._trace_window, self._trace_next, self._trace_loop = window, 0, 0
+            self._trace_window, self._trace_next, self._trace_loop = window, k % n, 0
         elif self._trace_next >= n:
-            self._trace_next, self._trace_loop = 0, self._trace_loop + 1
+            self._trace_next, self._trace_loop = k % n, self._trace_loop + 1
         i = self._trace_next
-        self._trace_next += 1
+        self._trace_next += step
         return TraceArrival(0.0, i, (window + 1) * 1_000_000 + self._trace_loop)  # as trace_arrivals numbers passes
 
     def _trace_unit(self, arrival: TraceArrival) -> list[PlannedRequest]:

@@ -86,6 +86,18 @@ def test_soakd_run_through_the_benchmark(cc: ModuleType) -> None:
     assert errors["ttft"]["min"] > 0 and errors["e2e"]["min"] > 0
 
 
+def test_two_load_workers_through_the_benchmark(cc: ModuleType) -> None:
+    """The workers comparison's run: ``--workers 2`` against 64-token streams; every request's times reach the
+    parent's record listener (the benchmark's trace) and match the server's by response id."""
+    with cc.ServerProcess(ttft=0.02, itl=0.002, tokens=64) as srv:
+        run = cc.run_soakd(srv.url, concurrency=4, duration=2.0, trace=True, server_pid=srv.pid, tokens=64, workers=2)
+        ts = srv.timestamps(0)
+    assert not run.note, run.note
+    assert run.client == "soakd-2w" and run.completed > 0 and run.errors == 0
+    errors = cc.timing_errors(run.trace, ts)
+    assert errors["matched"] == len(run.trace) > 0 and errors["ttft"]["min"] > 0
+
+
 def test_report_and_verdict(cc: ModuleType) -> None:
     cap = {"bare": {"requests_per_second": 1000.0, "cpu_percent": 99.0, "server_cpu_percent": 5.0, "runs": [1000.0],
                     "cpu_runs": [99.0], "errors": 0, "notes": []},
@@ -100,3 +112,15 @@ def test_report_and_verdict(cc: ModuleType) -> None:
            "config": {"concurrency": 64, "repeats": 1, "duration": 1.0, "timing_repeats": 1, "ttft": 0.05, "itl": 0.005}}
     text = cc.report(res)
     assert "1.20x" in text and "overall: PASS" in text and "less than 90% of a core" in text
+    scale = {"tokens": 256, "workers": 2,
+             "capacity": {"1": {"tokens_per_second": 200_000.0, "requests_per_second": 781.0, "cpu_percent": 100.0,
+                                "runs": [200_000.0], "errors": 0, "notes": []},
+                          "2": {"tokens_per_second": 310_000.0, "requests_per_second": 1211.0, "cpu_percent": 190.0,
+                                "runs": [310_000.0], "errors": 0, "notes": []}},
+             "timing": {"1": {"ttft": q, "e2e": q}, "2": {"ttft": {"p50": 0.1, "p99": 2.5}, "e2e": q}}}
+    v = cc.verdict(cap, timing, vllm_measured=False, scale=scale)
+    checks = {c["check"]: c["pass"] for c in v["checks"]}
+    assert checks == {**checks, "2 workers >= 1.6x the tokens/s of one": False,
+                      "2 workers ttft error p99 <= one's + 1 ms": False} and not v["pass"]
+    text = cc.report({**res, "verdict": v, "scaling": scale})
+    assert "load workers (256-token streams" in text and "1.55x" in text and "overall: FAIL" in text

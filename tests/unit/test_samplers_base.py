@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import threading
 
 import pytest
@@ -218,6 +219,35 @@ async def test_host_sampler_finds_target_by_name(tmp_path):
     assert read_anon_swap(4242, str(proc)) == 1_000_000 * 1024
     (other / "status").write_text("Name:\tvllm\nVmRSS:\t  900000 kB\n")  # a kernel before 4.5
     assert read_anon_swap(4242, str(proc)) is None
+
+
+async def test_host_sampler_counts_the_load_workers_as_soakd(tmp_path):
+    """load.workers: soakd's CPU and memory are its workers' too; a worker that has exited keeps the CPU it used
+    (the counter never goes down), its memory is gone."""
+    proc = tmp_path / "proc"
+
+    def stat(pid: int, utime: int, rss: int) -> None:
+        d = proc / str(pid)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "fd").mkdir(exist_ok=True)
+        tail = " ".join(["0"] * 10 + [str(utime), "0"] + ["0"] * 8 + [str(rss)] + ["0"] * 20)
+        (d / "stat").write_text(f"{pid} (python) S {tail}")
+
+    stat(os.getpid(), 100, 1000)
+    stat(5001, 300, 2000)
+    stat(5002, 200, 3000)
+    h = HostSampler(HostSamplerConfig(), proc=str(proc))
+    pids = [5001, 5002]
+    h.worker_pids = lambda: list(pids)
+    tick, page = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
+    out = {s.name: s.value for s in await h.sample()}
+    assert out["soakd_self_cpu_seconds_total"] == pytest.approx(600 / tick)
+    assert out["soakd_self_resident_memory_bytes"] == 6000 * page
+    stat(5001, 400, 2000)
+    shutil.rmtree(proc / "5002")  # worker 2 exited
+    out = {s.name: s.value for s in await h.sample()}
+    assert out["soakd_self_cpu_seconds_total"] == pytest.approx(700 / tick)  # 100 + 400 + 200 it had used
+    assert out["soakd_self_resident_memory_bytes"] == 3000 * page
 
 
 def test_restart_detector_start_time_counter_resets_and_scrapes_in_between() -> None:

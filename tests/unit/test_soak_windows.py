@@ -200,7 +200,7 @@ def test_a_lag_the_run_always_has_impairs_nothing_an_unusual_one_does() -> None:
     (beyond request_max_lag, 100 ms): it moves every window alike, so the bound follows the run's own p90 (x3:
     450 ms) and no request is impaired; a 2 s stall in the middle is beyond it, and impairs the request it
     overlapped. By default (0) the bound stays at 100 ms."""
-    assert WindowSet(Timeline(100.0, 10.0, 60.0, 250.0)).lag_relative == 0.0
+    assert WindowSet(Timeline(100.0, 10.0, 60.0, 250.0)).ledger.lag_relative == 0.0
     clock = ManualClock(100.0)
     ws = WindowSet(Timeline(100.0, 10.0, 60.0, 250.0), patience=5.0, clock=clock,
                    client=ClientConfig(request_lag_relative=3.0))
