@@ -720,9 +720,12 @@ def load_worker_main(argv: list[str]) -> int:
         logging_setup.configure(cfg.log.format, cfg.log.level)
         structlog.contextvars.bind_contextvars(worker=index)
 
+    parent = os.getppid()
     try:
         _run_async(worker.serve(int(argv[0]), on_init))
     except Exception as exc:  # noqa: BLE001
+        if os.getppid() != parent:  # the parent is gone (its pipes with it): nothing to report, nobody to tell
+            return 0
         print(f"soakd load worker failed: {exc!r}", file=sys.stderr)
         return 1
     finally:

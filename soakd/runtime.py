@@ -321,7 +321,7 @@ class Runtime:
         n = cfg.load.workers
         init = {"config": cfg, "scenarios": self.scenarios, "target": primary.cfg, "api_key": self.api_key,
                 "model": model, "pool_size": -(-self._pool_size(cfg) // n), "grace": cfg.run.grace}
-        self.pool = WorkerPool(n, init, cfg.run.max_requests, patience=self.policies.close_patience, clock=self.clock)
+        self.pool = WorkerPool(n, init, cfg.run.max_requests, clock=self.clock)
         try:
             await self.pool.spawn()
         except (OSError, RuntimeError, TimeoutError) as exc:

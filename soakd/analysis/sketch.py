@@ -42,7 +42,13 @@ def add_many(sketch, values) -> None:  # noqa: ANN001
         return
     a = np.maximum(np.asarray(values, dtype=np.float64), 0.0)
     pos = a[a > mp.min_possible]
-    keys, counts = np.unique(np.ceil(np.log2(pos) * mp._multiplier) + mp._offset, return_counts=True)
+    scaled = np.log2(pos) * mp._multiplier
+    raw = np.ceil(scaled)
+    near = np.abs(scaled - np.rint(scaled)) < 1e-9  # at a bucket's edge numpy's log2 and math.log(v, 2) may differ
+    if near.any():  # there, the mapping's own key (an ulp decides the bucket; the sketch's is the reference)
+        idx = np.flatnonzero(near)
+        raw[idx] = [mp.key(v) - mp._offset for v in pos[idx].tolist()]
+    keys, counts = np.unique(raw + mp._offset, return_counts=True)
     store = sketch._store
     if len(keys):
         kl = keys.astype(np.int64).tolist()
@@ -83,7 +89,9 @@ def _add_short(sketch, mp: LogarithmicMapping, values) -> None:  # noqa: ANN001
             if kmin <= k <= kmax:
                 bins[k - o] += 1.0
                 inside += 1
-            else:  # outside the store's range: its add extends it
+            else:  # outside the store's range: its add extends it (and may collapse: the count first)
+                store.count += float(inside)
+                inside = 0
                 store.add(k, 1.0)
                 bins, o, kmin, kmax = store.bins, store.offset, store.min_key, store.max_key
         else:

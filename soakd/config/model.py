@@ -338,6 +338,9 @@ class LoadConfig(_Model):
         if self.workers > 1 and self.closed_loop and self.workers > self.effective_concurrency:
             raise ValueError(f"workers: {self.workers} workers for a concurrency of {self.effective_concurrency}: "
                              "each worker needs at least one of the closed loop's requests")
+        if self.workers > 1 and not self.closed_loop and self.workers > self.max_in_flight:
+            raise ValueError(f"workers: {self.workers} workers for a max_in_flight of {self.max_in_flight}: each "
+                             "worker needs at least one of the open loop's requests in flight")
         if self.concurrency is not None and self.arrival == "trace":
             raise ValueError(f"arrival: trace replays the trace's timestamps (an open loop): leave concurrency "
                              f"unset (got concurrency={self.concurrency}), or drop arrival to replay the trace "

@@ -75,8 +75,8 @@ class HostSampler:
         c = self.config
         if c.target_pid is not None:
             return {c.target_pid} if os.path.exists(f"{self.proc}/{c.target_pid}") else set()
-        if c.target_process_name:
-            return find_pids(c.target_process_name, self.proc, exclude=self.self_pid)
+        if c.target_process_name:  # never soakd itself, nor its load workers
+            return find_pids(c.target_process_name, self.proc, exclude=self.self_pid) - set(self.worker_pids())
         return set()
 
     def _sample(self) -> list[Series]:

@@ -49,7 +49,7 @@ class LoadDriver:
     ) -> None:
         """``share``: (k, N), load worker k of N (``load.workers``, ``soakd.soak.worker``): the closed loop's
         workers k, k+N, ... of the concurrency; the open loop's arrivals k, k+N, ... of the one seeded
-        sequence, with an N-th of ``max_in_flight``."""
+        sequence, with an N-th of ``max_in_flight`` (the remainder to the first workers: the sum is the cap)."""
         self.share = share
         self.load = load
         self.client = client
@@ -206,7 +206,7 @@ class LoadDriver:
         loop = asyncio.get_running_loop()
         tl = self.timeline
         k, n = self.share
-        cap = -(-self.load.max_in_flight // n)
+        cap = self.load.max_in_flight // n + (1 if k < self.load.max_in_flight % n else 0)
         slots = asyncio.Semaphore(cap)
         late = self.recorder.metrics.late_sends
         stop_wait = asyncio.ensure_future(self._stop.wait())

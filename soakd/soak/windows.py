@@ -37,6 +37,9 @@ from soakd.core.summary import QuiesceProbe, WindowSummary
 from soakd.core.timeline import SYSTEM_CLOCK, Clock, Timeline
 
 
+LOST = -(1 << 62)  # the window of a request reported after its window was gone: no window's (finished() skips it)
+
+
 class LagLedger:
     """soakd's own loop lags as one heartbeat saw them: the stalls beyond the request bound (for the requests they
     overlapped), the bound itself (``request_max_lag``, or ``lag_relative`` times the run's p90 lag when that is
@@ -112,6 +115,7 @@ class WindowSet:
         self.open: dict[int, OpenWindow] = {}
         self.last_closed = timeline.first_index - 2  # index of the last window closed
         self.closed_count = 0
+        self.lost_records = 0  # requests reported after their window was closed and dropped (load workers only)
         self.ended = False  # the final close happened: no window opens or closes after it
         cc = client or ClientConfig()
         self.ledger = LagLedger(cc.request_max_lag, cc.request_lag_relative)
@@ -160,7 +164,13 @@ class WindowSet:
 
     # ---- what comes in
     def started(self, rec: RequestRecord) -> None:
-        """A request sent now (or at its ``t_sent``, set by the load worker that sent it)."""
+        """A request sent now (or at its ``t_sent``, set by the load worker that sent it). One reported after its
+        window closed and was dropped (a load worker's report, late beyond every hold) is counted in
+        ``lost_records`` and in no window: a closed window is never opened again."""
+        if rec.window not in self.open and self.timeline.first_index <= rec.window <= self.last_closed:
+            self.lost_records += 1
+            rec.window = LOST
+            return
         w = self.window_for(rec.window)
         w.in_flight += 1
         now = rec.t_sent

@@ -43,6 +43,7 @@ FRAME = struct.Struct("!I")
 FLUSH = 0.01  # seconds between two batches
 PROGRESS = 0.1  # seconds between two progress reports of the requests in flight
 HEARTBEAT = 0.01
+BACKLOG = 8 << 20  # bytes of records the parent has not read, past which a worker holds its load
 # what the parent copies into its own record of the request (it set window, warmup and the send time at start;
 # the text is the worker's: a conversation's next turn)
 WIRE = tuple(s for s in RequestRecord.__slots__ if s not in ("scenario", "window", "warmup", "endpoint", "stream",
@@ -92,7 +93,11 @@ class Forwarder:
         self.stalls: list[tuple[float, float, bool, float]] = []
         self._pending: list[tuple[float, int, int, RequestRecord, float, float]] = []
         self._late_sent = 0
-        self.pause_gen = -1  # the parent's pause this worker is in
+        self.pause_gen = -1  # the parent's last pause
+        self.parent_paused = False  # the parent holds the load (a quiesce probe)
+        self.held = False  # this worker holds its own load: the parent is not reading its records (back-pressure)
+        self.parent_gone = False
+        self.failed: str | None = None  # a background task of the worker died: why
 
     def started(self, rec: RequestRecord) -> None:
         n = next(self._seq)
@@ -134,7 +139,7 @@ class Forwarder:
             return None
         self._late_sent += late
         out = ("b", SYSTEM_CLOCK.monotonic(), self.events, self.progress() if progress else None, self.stalls, late,
-               self.in_flight, self.pause_gen if driver.paused else -1, driver.issued)
+               self.in_flight, self.pause_gen if self.parent_paused else -1, driver.issued)
         self.events, self.stalls = [], []
         return out
 
@@ -165,28 +170,71 @@ async def _flusher(fwd: Forwarder, driver: Any, out: asyncio.StreamWriter) -> No
             next_progress = now + PROGRESS
         b = fwd.batch(driver, due)
         if b is not None:
-            out.write(frame(b))
-            await out.drain()
+            await send(fwd, driver, out, frame(b))
+
+
+async def send(fwd: Forwarder, driver: Any, out: asyncio.StreamWriter, data: bytes) -> None:
+    """One frame to the parent. While the parent does not read (stopped, starved), the pipe and then this
+    worker's buffer fill: past ``BACKLOG`` bytes the worker holds its load (as a quiesce pause does: requests in
+    flight finish) until the parent has read it, so that neither its memory nor its unreported requests grow
+    without bound; logged once each way."""
+    out.write(data)
+    if out.transport.get_write_buffer_size() <= BACKLOG:
+        return
+    if not fwd.held:
+        fwd.held = True
+        driver.pause()
+        log.warning("load_worker_held", backlog_bytes=out.transport.get_write_buffer_size(),
+                    reason="soakd's parent process is not reading this worker's records; its load waits for it")
+    try:
+        await out.drain()
+    finally:
+        fwd.held = False
+        if not fwd.parent_paused:
+            driver.resume()
+        log.info("load_worker_released")
 
 
 async def _control(reader: asyncio.StreamReader, driver: Any, fwd: Forwarder) -> None:
     while True:
         msg = await read_frame(reader)
         if msg is None:  # the parent is gone: stop now
+            fwd.parent_gone = True
             driver.stop("parent_gone")
             driver.cancel_all()
             return
         kind = msg[0]
         if kind == "pause":
-            fwd.pause_gen = msg[1]
+            fwd.pause_gen, fwd.parent_paused = msg[1], True
             driver.pause()
         elif kind == "resume":
-            driver.resume()
+            fwd.parent_paused = False
+            if not fwd.held:
+                driver.resume()
         elif kind == "stop":
             driver.stop(msg[1])
         elif kind == "cancel":
             driver.stop(msg[1] if len(msg) > 1 else "stopped")
             driver.cancel_all()
+
+
+def supervise(task: asyncio.Task[None], name: str, fwd: Forwarder, driver: Any) -> None:
+    """A background task of the worker that ends with an error stops its load at once: the worker then tells
+    the parent (``done`` with ``worker_failed``), which stops the run, instead of loading the server unseen."""
+    def done(t: asyncio.Task[None]) -> None:
+        if t.cancelled() or t.exception() is None or fwd.parent_gone:
+            return
+        if isinstance(t.exception(), BrokenPipeError | ConnectionResetError):  # the parent closed the pipe: gone
+            fwd.parent_gone = True
+            driver.stop("parent_gone")
+            driver.cancel_all()
+            return
+        fwd.failed = f"{name}: {t.exception()!r}"
+        log.error("load_worker_failed", task=name, error=repr(t.exception()))
+        driver.stop("worker_failed")
+        driver.cancel_all()
+
+    task.add_done_callback(done)
 
 
 async def run_worker(reader: asyncio.StreamReader, out: asyncio.StreamWriter,
@@ -213,20 +261,27 @@ async def run_worker(reader: asyncio.StreamReader, out: asyncio.StreamWriter,
         return
     driver = LoadDriver(cfg.load, client, workload, fwd, Timeline(*start[1]),  # type: ignore[arg-type]
                         max_requests=init["max_requests"], seed=cfg.run.seed, share=(k, n))
-    tasks = [asyncio.ensure_future(c) for c in (_heartbeat(fwd), _flusher(fwd, driver, out),
-                                                _control(reader, driver, fwd))]
+    tasks = {"heartbeat": _heartbeat(fwd), "flusher": _flusher(fwd, driver, out),
+             "control": _control(reader, driver, fwd)}
+    running = []
+    for name, coro in tasks.items():
+        task = asyncio.ensure_future(coro)
+        supervise(task, name, fwd, driver)
+        running.append(task)
     try:
         await driver.run(grace=init["grace"])
     finally:
-        for t in tasks:
+        for t in running:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*running, return_exceptions=True)
         await client.close()
+    if fwd.parent_gone:  # nobody to tell
+        return
     fwd.release(None)
     b = fwd.batch(driver, False)
     if b is not None:
         out.write(frame(b))
-    out.write(frame(("done", driver.stop_reason, driver.issued)))
+    out.write(frame(("done", "worker_failed" if fwd.failed else driver.stop_reason, driver.issued)))
     out.transport.set_write_buffer_limits(high=0)  # drain() now waits until every byte is in the pipe: the
     await out.drain()  # process ends after this, and a transport's buffer would end with it
 

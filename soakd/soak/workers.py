@@ -8,9 +8,10 @@ request is a record here at once (in flight in its window, ``soakd_requests_in_f
 the wedge watch every 100 ms, and its finished record replaces it, impaired or not by the worker's own loop.
 
 A window closes only once every worker has reported past its end (``closing_time``: the newest time every
-worker has reported, at most the close patience behind), so a request started just before the end is never
-outside its window. A worker that exits without saying it is done stops the run (``worker_exited``); its
-requests in flight are recorded as cancelled.
+worker has reported), so a request started just before the end is never outside its window. A worker that
+exits without saying it is done stops the run (``worker_exited``), its requests in flight recorded as
+cancelled; one that stops for a reason of its own (``worker_failed``: a background task of it died) stops the
+run with that reason; one silent for ``HANG_AFTER`` seconds is killed (then it exited).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import structlog
 from soakd.core.records import Outcome, RequestRecord
 from soakd.core.timeline import SYSTEM_CLOCK, Clock, Timeline
 from soakd.soak.recorder import Recorder
+from soakd.soak.windows import LOST
 from soakd.soak.worker import WIRE, frame, read_frame
 
 log = structlog.get_logger("soakd")
@@ -45,11 +47,13 @@ class _Worker:
     paused_gen: int = -1  # the pause it last reported being in (with nothing in flight: idle)
     issued: int = 0
     done: str | None = None  # its stop reason, once it said it is done
+    heard: float = 0.0  # when its last frame arrived (this process's clock)
+    suspect: float | None = None  # when the watchdog first found it silent
     task: asyncio.Task[None] | None = None
 
 
 class WorkerPool:
-    def __init__(self, count: int, init: dict[str, Any], max_requests: int | None, patience: float = 120.0,
+    def __init__(self, count: int, init: dict[str, Any], max_requests: int | None,
                  clock: Clock = SYSTEM_CLOCK) -> None:
         """``init``: what every worker gets (config, scenarios, target, api_key, model, pool_size, grace);
         ``max_requests`` is split among them."""
@@ -57,7 +61,6 @@ class WorkerPool:
         self.init = init
         self.recorder: Recorder = None  # type: ignore[assignment]  # set by start()
         self.max_requests = max_requests
-        self.patience = patience
         self.clock = clock
         self.workers: list[_Worker] = []
         self.stop_reason = ""
@@ -66,6 +69,7 @@ class WorkerPool:
         self._gen = 0
         self._end: float | None = None  # the timeline's end
         self._stopped_at: float | None = None
+        self._lost_logged = False
 
     # ---- start
     async def spawn(self) -> None:
@@ -89,13 +93,21 @@ class WorkerPool:
         for wk in self.workers:
             msg = await asyncio.wait_for(read_frame(wk.reader), START_TIMEOUT)
             if not msg or msg[0] != "ready":
-                raise RuntimeError(f"load worker {wk.index} did not start (exit status {wk.proc.returncode})")
+                try:
+                    code = await asyncio.wait_for(wk.proc.wait(), 2.0)
+                except TimeoutError:
+                    code = None
+                raise RuntimeError(f"load worker {wk.index} did not start (exit status {code}; its error is on "
+                                   "stderr above)")
+            wk.heard = self.clock.monotonic()
         log.info("load_workers_started", workers=n, pids=[wk.proc.pid for wk in self.workers])
 
     def start(self, recorder: Recorder, timeline: Timeline) -> None:
         """Every worker starts its load on the timeline; their records go to ``recorder``."""
         self.recorder = recorder
         self._end = timeline.end
+        for wk in self.workers:  # nothing of a window closes before each has reported past its end
+            wk.seen = max(wk.seen, timeline.start)
         self._send(("start", (timeline.start, timeline.warmup, timeline.window, timeline.duration,
                               timeline.first_index)))
 
@@ -106,7 +118,13 @@ class WorkerPool:
 
     @property
     def stopping(self) -> bool:
-        return self._stop.is_set()
+        """Told to stop, or the load is over: every worker done, every request of max_requests sent, or the
+        timeline's end passed (the workers stop there by themselves)."""
+        if self._stop.is_set() or (self.workers and all(w.done is not None for w in self.workers)):
+            return True
+        if self.max_requests is not None and self.issued >= self.max_requests:
+            return True
+        return self._end is not None and self.clock.monotonic() >= self._end
 
     @property
     def paused(self) -> bool:
@@ -144,10 +162,11 @@ class WorkerPool:
         return True
 
     def closing_time(self, now: float) -> float:
-        """The time up to which windows may close: what every running worker has reported (at most the close
-        patience behind ``now``)."""
+        """The time up to which windows may close: what every running worker has reported. A worker that reports
+        nothing holds them (no request it sent is ever outside its window); one silent for ``HANG_AFTER`` seconds
+        is killed by the watchdog, and then holds nothing."""
         seen = [w.seen for w in self.workers if w.done is None]
-        return now if not seen else min(now, max(min(seen), now - self.patience))
+        return now if not seen else min(now, min(seen))
 
     async def run(self, grace: float = 30.0) -> None:
         """Read every worker until it is done (or gone); the run's stop reason is the stop's, or the workers'.
@@ -167,15 +186,25 @@ class WorkerPool:
                 next((r for r in reasons if r and r not in ("max_requests", "duration")), "duration")
 
     async def _watchdog(self, grace: float) -> None:
+        """Kill a worker that is hung: silent for ``HANG_AFTER`` seconds (twice in a row, 5 s apart: a parent
+        that was itself stopped reads the backlog first), or still running ``HANG_AFTER`` past the end and its
+        grace. It is then a worker that exited (the run stops)."""
         while True:
             await asyncio.sleep(1.0)
+            now = self.clock.monotonic()
             end = self._stopped_at if self._stopped_at is not None else self._end
-            if end is not None and self.clock.monotonic() > end + grace + HANG_AFTER:
-                for wk in self.workers:
-                    if wk.done is None and wk.proc.returncode is None:
-                        log.error("load_worker_hung", worker=wk.index, action="killed")
-                        wk.proc.kill()
-                return
+            over = end is not None and now > end + grace + HANG_AFTER
+            for wk in self.workers:
+                if wk.done is not None or wk.proc.returncode is not None:
+                    continue
+                silent = now - wk.heard > HANG_AFTER
+                if silent and wk.suspect is None:
+                    wk.suspect = now
+                    continue
+                if over or (silent and wk.suspect is not None and now - wk.suspect >= 5.0):
+                    log.error("load_worker_hung", worker=wk.index, silent_seconds=round(now - wk.heard, 1),
+                              action="killed")
+                    wk.proc.kill()
 
     async def close(self) -> None:
         """Every worker process ended (killed when it does not end within 5 s of its stdin closing)."""
@@ -201,10 +230,15 @@ class WorkerPool:
             msg = await read_frame(wk.reader)
             if msg is None:
                 break
+            wk.heard, wk.suspect = self.clock.monotonic(), None
             if msg[0] == "b":
                 self._apply(wk, msg)
             elif msg[0] == "done":
                 wk.done, wk.issued = msg[1] or "duration", msg[2]
+                if wk.done not in ("duration", "max_requests"):  # a worker that stopped for its own reason
+                    if wk.done == "worker_failed":
+                        log.error("load_worker_failed", worker=wk.index, action="the run stops")
+                    self.stop(wk.done)  # (a no-op when the run was stopping already)
                 return
         # gone without saying it is done: its requests in flight are cancelled, the run stops
         code = await wk.proc.wait()
@@ -214,8 +248,11 @@ class WorkerPool:
             rec.t_end_ns = rec.t_end_ns or rec.t_start_ns
             self.recorder.finished(rec)
         wk.proxies.clear()
-        log.error("load_worker_exited", worker=wk.index, exit_status=code, action="the run stops")
-        self.stop("worker_exited")
+        if not self.stopping:
+            log.error("load_worker_exited", worker=wk.index, exit_status=code, action="the run stops")
+            self.stop("worker_exited")
+        else:  # the load was over: the run keeps its reason
+            log.error("load_worker_exited", worker=wk.index, exit_status=code, while_stopping=True)
 
     def _apply(self, wk: _Worker, msg: tuple[Any, ...]) -> None:
         _, now, events, progress, stalls, late, in_flight, paused_gen, issued = msg
@@ -234,6 +271,11 @@ class WorkerPool:
                 rec.expected_prompt_tokens, rec.max_tokens = expected, max_tokens
                 proxies[n] = rec
                 rec_.started(rec)
+                if rec.window == LOST and not self._lost_logged:  # reported after its window was gone
+                    self._lost_logged = True
+                    log.warning("load_worker_records_lost", worker=wk.index,
+                                reason="a worker reported a request after its window had closed: counted in the "
+                                       "run, in no window")
         if progress:
             for n, t0, last in progress:
                 rec = proxies.get(n)

@@ -51,3 +51,31 @@ def test_long_gaps_histogram_and_activity_buckets_match_the_short_path() -> None
     for i in range(0, len(times), 40):  # the same tokens in pieces shorter than numpy's threshold
         narrow.add_request_ns(t0, times[-1], times[i:i + 40], 0, 1.0 - t0 / 1e9)
     assert bytes(wide.flags) == bytes(narrow.flags) and sum(wide.flags) > 10
+
+
+def test_a_short_batch_that_collapses_the_store_keeps_every_count() -> None:
+    """Values 18+ orders of magnitude apart make ddsketch's store collapse its lowest bins mid-batch: no count is
+    lost (the sketch's count and its bins agree)."""
+    for values in ([10.0 ** e for e in range(-200, 201, 9)], [1e-300, 1e300, 1.0, 1e-300, 1e300]):
+        sk = new_sketch()
+        add_many(sk, values)
+        add_many(sk, values[::-1])
+        assert sk.count == 2 * len(values) == sk._store.count + sk._zero_count
+        assert sum(sk._store.bins) == sk._store.count
+
+
+def test_edges_a_gap_on_a_bound_and_a_token_before_the_window() -> None:
+    bounds = (0.001, 0.005, 0.01, 0.02, 0.05)
+    gaps = [0.005, 0.01, 0.02, 0.001, 0.05, 0.0049999, 0.0100001] * 10  # on the bounds: le, as Prometheus
+    long, short = Hist(bounds), Hist(bounds)
+    long.observe_many(gaps)
+    for g in gaps:
+        short.observe(g)
+    assert long.counts == short.counts == [10, 20, 10, 20, 10, 0] and long.sum == short.sum
+    t0 = 5_000_000_000_000
+    times = [t0 - 50_000_000 + 1_000_000 * i for i in range(60)]  # the first 50 before the window's clock start
+    wide, narrow = ClientStats(0.0, 30.0), ClientStats(0.0, 30.0)
+    wide.add_request_ns(t0, times[-1], times, 0, -t0 / 1e9)
+    for i in range(0, len(times), 40):
+        narrow.add_request_ns(t0, times[-1], times[i:i + 40], 0, -t0 / 1e9)
+    assert bytes(wide.flags) == bytes(narrow.flags)

@@ -89,7 +89,7 @@ class _Client:
 
 async def test_the_closed_loop_is_split_by_worker_index() -> None:
     loop = asyncio.get_running_loop()
-    tl = Timeline(loop.time(), 0.0, 10.0, 0.3)
+    tl = Timeline(loop.time(), 0.0, 60.0, 60.0)  # ends by max_requests, however slow the machine
     started: dict[int, int] = {}
     for k in (0, 1, 2):
         cfg = load_config(None, {"target": {"url": "http://127.0.0.1:9/v1"},
@@ -152,7 +152,7 @@ def test_records_round_trip_from_a_worker_to_the_parents_windows(monkeypatch: py
     ws.add_lag(100.5, 0.45)  # the parent's own stall over both requests: not theirs
     metrics = SoakMetrics(("short_chat",), "t")
     recorder = Recorder(metrics, ws, clock)
-    pool = WorkerPool(2, {}, None, patience=60.0, clock=clock)
+    pool = WorkerPool(2, {}, None, clock=clock)
     pool.recorder = recorder
     wk = _Worker(0, None, None)  # type: ignore[arg-type]
     pool.workers = [wk, _Worker(1, None, None)]  # type: ignore[arg-type]
@@ -164,7 +164,7 @@ def test_records_round_trip_from_a_worker_to_the_parents_windows(monkeypatch: py
     assert w.client.request_stall == pytest.approx(0.45) and w.client.by_source == {0: pytest.approx([0.39, 0.39])}
     assert w.client.worst_stalls() == pytest.approx((0.45, 0.45))
     assert wk.seen == 100.7
-    assert pool.closing_time(110.0) == 50.0  # worker 1 has not reported: the patience (60 s) behind
+    assert pool.closing_time(110.0) == float("-inf")  # worker 1 has not reported: it holds every window
     pool.workers[1].seen = 105.0
     assert pool.closing_time(110.0) == 100.7  # the slower worker's report holds the windows
     pool.workers[1].done = "duration"
@@ -202,4 +202,116 @@ def test_configurations_that_cannot_have_workers_are_refused() -> None:
         load_config(None, {**base, "load": {"concurrency": 2, "workers": 3}}, environ={})
     with pytest.raises(ConfigError, match="workers"):
         load_config(None, {**base, "load": {"workers": 0}}, environ={})
+    with pytest.raises(ConfigError, match="3 workers for a max_in_flight of 2"):
+        load_config(None, {**base, "load": {"rate": 5.0, "max_in_flight": 2, "workers": 3}}, environ={})
     assert load_config(None, {**base, "load": {"rate": 5.0, "workers": 4}}, environ={}).load.workers == 4
+
+
+def test_a_request_reported_after_its_window_closed_opens_no_window_again() -> None:
+    clock = ManualClock(0.0)
+    ws = WindowSet(Timeline(0.0, 0.0, 10.0, 100.0), clock=clock)
+    first = _rec(0, 1.0, 1, [2])
+    ws.started(first)
+    ws.finished(first, None)
+    assert [w.window for w in ws.close_due(10.5)] == [0]
+    late = _rec(0, 9.9, 1, [2])  # a worker's report of a request sent in window 0, read after it closed
+    ws.started(late)
+    ws.finished(late, None)
+    assert ws.lost_records == 1 and 0 not in ws.open
+    assert [w.window for w in ws.close_due(20.5)] == [1]  # window 0 never comes out a second time
+
+
+def test_the_pool_is_stopping_once_the_load_is_over() -> None:
+    clock = ManualClock(0.0)
+    pool = WorkerPool(2, {}, 10, clock=clock)
+    pool.workers = [_Worker(0, None, None), _Worker(1, None, None)]  # type: ignore[arg-type]
+    pool._end = 100.0
+    assert not pool.stopping
+    pool.workers[0].issued, pool.workers[1].issued = 5, 4
+    assert not pool.stopping
+    pool.workers[1].issued = 5  # every request of max_requests sent (as the single driver: stopping once sent)
+    assert pool.stopping and not pool._stop.is_set()
+    pool.max_requests = None
+    assert not pool.stopping
+    clock.now = 100.0  # the timeline's end: the workers stop by themselves
+    assert pool.stopping
+
+
+class _Held:
+    """A worker's writer whose pipe is full until ``drained`` is set."""
+
+    def __init__(self) -> None:
+        self.buffered = 0
+        self.drained = asyncio.Event()
+        self.transport = self
+
+    def write(self, data: bytes) -> None:
+        self.buffered += len(data)
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+    async def drain(self) -> None:
+        await self.drained.wait()
+        self.buffered = 0
+
+
+class _Pausable:
+    def __init__(self) -> None:
+        self.paused = False
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+
+    def stop(self, reason: str) -> None:
+        self.stopped = reason
+
+    def cancel_all(self) -> None:
+        self.cancelled = True
+
+
+async def test_a_worker_holds_its_load_while_the_parent_does_not_read() -> None:
+    from soakd.soak import worker
+
+    fwd, drv, out = Forwarder(LagLedger(0.1, 0.0)), _Pausable(), _Held()
+    await worker.send(fwd, drv, out, b"x" * 1000)  # a small backlog: nothing held
+    assert not drv.paused and not fwd.held
+    task = asyncio.ensure_future(worker.send(fwd, drv, out, b"x" * (worker.BACKLOG + 1)))
+    await asyncio.sleep(0.01)
+    assert drv.paused and fwd.held  # the parent is not reading: no new requests
+    out.drained.set()
+    await task
+    assert not drv.paused and not fwd.held
+    fwd.parent_paused = True  # a quiesce pause of the parent's outlasts the hold
+    out.drained.clear()
+    task = asyncio.ensure_future(worker.send(fwd, drv, out, b"x" * (worker.BACKLOG + 1)))
+    await asyncio.sleep(0.01)
+    out.drained.set()
+    await task
+    assert drv.paused
+
+
+async def test_a_worker_task_that_dies_stops_the_load_and_says_why() -> None:
+    from soakd.soak import worker
+
+    async def boom() -> None:
+        raise ValueError("boom")
+
+    async def pipe() -> None:
+        raise BrokenPipeError()
+
+    fwd, drv = Forwarder(LagLedger(0.1, 0.0)), _Pausable()
+    task = asyncio.ensure_future(boom())
+    worker.supervise(task, "heartbeat", fwd, drv)
+    await asyncio.gather(task, return_exceptions=True)
+    await asyncio.sleep(0)
+    assert drv.stopped == "worker_failed" and drv.cancelled and "boom" in (fwd.failed or "")
+    fwd, drv = Forwarder(LagLedger(0.1, 0.0)), _Pausable()
+    task = asyncio.ensure_future(pipe())
+    worker.supervise(task, "flusher", fwd, drv)
+    await asyncio.gather(task, return_exceptions=True)
+    await asyncio.sleep(0)
+    assert drv.stopped == "parent_gone" and fwd.parent_gone and fwd.failed is None
