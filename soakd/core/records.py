@@ -90,6 +90,13 @@ class RequestRecord:
     def e2e_seconds(self) -> float:
         return (self.t_end_ns - self.t_start_ns) / 1e9
 
+    def span(self) -> tuple[float, float]:
+        """The request from its send to its end, on the clock of ``t_sent`` (the window set's)."""
+        t0 = self.t_sent if self.t_sent is not None else 0.0
+        if self.t_start_ns and self.t_end_ns:
+            return t0, t0 + max(0.0, (self.t_end_ns - self.t_start_ns) / 1e9)
+        return t0, t0
+
     @property
     def ttft_seconds(self) -> float | None:
         if not self.token_times_ns:

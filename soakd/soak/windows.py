@@ -26,7 +26,8 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from soakd.analysis.sketch import new_sketch, quantile
 from soakd.analysis.window import STALL_LAG, OpenWindow
@@ -55,6 +56,8 @@ class LagLedger:
         self.last_beat: float | None = None  # the time of the last heartbeat (None: none yet)
         self._covered = float("-inf")  # loop time up to which lags are charged
         self.stalls: deque[tuple[float, float]] = deque(maxlen=20_000)  # recent lags beyond the bound
+        self._held: list[tuple[float, int, Any]] = []  # finished requests waiting for a beat after their end
+        self._seq = itertools.count()
 
     def cover(self, start: float, end: float, lag: float) -> tuple[float, float, bool] | None:
         """A lag of ``lag`` covering ``[start, end]``: its part not covered yet, and whether it is beyond the
@@ -91,12 +94,32 @@ class LagLedger:
 
     def impaired(self, start: float, end: float) -> bool:
         """Whether ``[start, end]`` overlapped a loop lag beyond the request bound."""
+        if not self.stalls:
+            return False
         for a, b in reversed(self.stalls):
             if b < start:
                 return False
             if a <= end:
                 return True
         return False
+
+    def hold(self, end: float, item: Any) -> bool:
+        """Keep ``item`` (a request that ended at ``end``) until a heartbeat after its end has said whether a stall
+        overlapped it; False when one has (or there is no heartbeat): decide it now."""
+        if self.last_beat is None or end <= self.last_beat:
+            return False
+        heapq.heappush(self._held, (end, next(self._seq), item))
+        return True
+
+    def due(self, upto: float | None) -> Iterator[Any]:
+        """The held items that ended by ``upto`` (None: all), in the order they ended."""
+        h = self._held
+        while h and (upto is None or h[0][0] <= upto):
+            yield heapq.heappop(h)[2]
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
 
 
 class WindowSet:
@@ -122,8 +145,6 @@ class WindowSet:
         # the heartbeat's period when the runtime's 10 ms heartbeat feeds add_lag: a silence of it longer
         # than this and the request bound, seen at a close, is a stall in progress (None: no such check)
         self.heartbeat_period = heartbeat_period
-        self._pending: list[tuple[float, int, RequestRecord, list[float] | None, float, float]] = []
-        self._seq = itertools.count()
         # called with every settled measured record: (record, gaps, impaired)
         self.on_settled: Callable[[RequestRecord, list[float] | None, bool], None] | None = None
 
@@ -188,22 +209,10 @@ class WindowSet:
         if rec.warmup:
             w.in_flight -= 1
             return
-        start, end = self._span(rec)
-        if impaired is not None:
-            self._settle(rec, gaps, start, end, impaired)
+        start, end = rec.span()
+        if impaired is None and self.ledger.hold(end, (rec, gaps, start, end)):
             return
-        if self.last_beat is not None and end > self.last_beat:
-            heapq.heappush(self._pending, (end, next(self._seq), rec, gaps, start, end))
-            return
-        self._settle(rec, gaps, start, end)
-
-    @staticmethod
-    def _span(rec: RequestRecord) -> tuple[float, float]:
-        """The request from its send to its end, on the window set's clock."""
-        t0 = rec.t_sent if rec.t_sent is not None else 0.0
-        if rec.t_start_ns and rec.t_end_ns:
-            return t0, t0 + max(0.0, (rec.t_end_ns - rec.t_start_ns) / 1e9)
-        return t0, t0
+        self._settle(rec, gaps, start, end, impaired)
 
     def impaired(self, start: float, end: float) -> bool:
         """Whether ``[start, end]`` overlapped a loop lag beyond the request bound."""
@@ -215,7 +224,7 @@ class WindowSet:
         if w is None:
             return
         w.in_flight -= 1
-        bad = impaired if impaired is not None else bool(self.stalls) and self.impaired(start, end)
+        bad = impaired if impaired is not None else self.ledger.impaired(start, end)
         if w.closed:
             w.late_records += 1
         w.add(rec, gaps, impaired=bad)
@@ -224,15 +233,13 @@ class WindowSet:
 
     def _release(self, upto: float | None) -> None:
         """Settle the waiting requests that ended by ``upto`` (None: all)."""
-        p = self._pending
-        while p and (upto is None or p[0][0] <= upto):
-            _end, _n, rec, gaps, a, b = heapq.heappop(p)
+        for rec, gaps, a, b in self.ledger.due(upto):
             self._settle(rec, gaps, a, b)
 
     @property
     def pending(self) -> int:
         """Finished requests waiting for the heartbeat to beat after their end."""
-        return len(self._pending)
+        return self.ledger.held
 
     def add_samples(self, series: list[Series], t: float) -> int | None:
         """A telemetry snapshot taken at ``t``: into its window; the window index, or None."""

@@ -21,7 +21,6 @@ parent's to act on: SIGINT and SIGTERM are ignored here. Frames both ways are a 
 from __future__ import annotations
 
 import asyncio
-import heapq
 import itertools
 import os
 import pickle
@@ -35,7 +34,7 @@ import structlog
 from soakd.analysis.window import STALL_LAG
 from soakd.core.records import RequestRecord
 from soakd.core.timeline import SYSTEM_CLOCK, Timeline
-from soakd.soak.windows import LagLedger, WindowSet
+from soakd.soak.windows import LagLedger
 
 log = structlog.get_logger("soakd.worker")
 
@@ -91,7 +90,6 @@ class Forwarder:
         self._seq = itertools.count()
         self.events: list[tuple[Any, ...]] = []  # the next batch
         self.stalls: list[tuple[float, float, bool, float]] = []
-        self._pending: list[tuple[float, int, int, RequestRecord, float, float]] = []
         self._late_sent = 0
         self.pause_gen = -1  # the parent's last pause
         self.parent_paused = False  # the parent holds the load (a quiesce probe)
@@ -110,21 +108,16 @@ class Forwarder:
     def finished(self, rec: RequestRecord) -> None:
         n = self.active.pop(rec)
         self.in_flight -= 1
-        start, end = WindowSet._span(rec)
-        last = self.ledger.last_beat
-        if rec.warmup or last is None or end <= last:
+        start, end = rec.span()
+        # decided once this process's heartbeat has beaten after its end (a warm-up request is never judged)
+        if rec.warmup or not self.ledger.hold(end, (n, rec, start, end)):
             self._send(n, rec, start, end)
-        else:  # decided once this process's heartbeat has beaten after its end
-            heapq.heappush(self._pending, (end, n, n, rec, start, end))
 
     def _send(self, n: int, rec: RequestRecord, start: float, end: float) -> None:
-        impaired = bool(self.ledger.stalls) and self.ledger.impaired(start, end)
-        self.events.append(("f", n, tuple([getattr(rec, s) for s in WIRE]), impaired))
+        self.events.append(("f", n, tuple([getattr(rec, s) for s in WIRE]), self.ledger.impaired(start, end)))
 
     def release(self, upto: float | None) -> None:
-        p = self._pending
-        while p and (upto is None or p[0][0] <= upto):
-            _end, _k, n, rec, a, b = heapq.heappop(p)
+        for n, rec, a, b in self.ledger.due(upto):
             self._send(n, rec, a, b)
 
     def progress(self) -> list[tuple[int, int, int]]:
