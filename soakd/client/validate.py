@@ -26,13 +26,37 @@ def tail_repeats(text: str, max_period_words: int = 8) -> int:
     return best
 
 
+def repeats_at_end(text: str, times: int, max_period_words: int = 8) -> bool:
+    """Whether a phrase of 1..max_period_words words repeats ``times`` times (or more) at the end: the same
+    answer as ``tail_repeats(text) >= times``, from the end of the text only and with one list comparison a
+    period (every request's output is checked: a 16-token stream pays it on every request)."""
+    if times <= 1:
+        return True  # one occurrence is every text's
+    need = max_period_words * times  # the words the longest period needs
+    cut = need * 64
+    words = text[-cut:].split() if len(text) > cut else text.split()
+    if len(text) > cut:
+        if len(words) <= need:  # words longer than 64 characters on average: the whole text
+            words = text.split()
+        else:
+            words = words[1:]  # the first may be a word's end
+    n = len(words)
+    for period in range(1, max_period_words + 1):
+        span = period * times
+        if n < span:
+            break
+        if words[-span:] == words[-period:] * times:
+            return True
+    return False
+
+
 def check_output(text: str, rules: Validation) -> str:
     """Return '' when the output passes, otherwise the reason."""
     if rules.non_empty and not text.strip():
         return "empty_output"
     if rules.replacement_chars and REPLACEMENT in text:
         return "garbled_output"
-    if rules.max_repeats and len(text) > 16 and tail_repeats(text) >= rules.max_repeats:
+    if rules.max_repeats and len(text) > 16 and repeats_at_end(text, rules.max_repeats):
         return "degenerate_repetition"
     return ""
 
