@@ -264,7 +264,7 @@ def extra_variance(n: list[int], s1: list[float], s2: list[float]) -> tuple[floa
 
 class ScenarioStats:
     __slots__ = ("count", "outcomes", "e2e", "ttft", "itl", "prompt_tokens", "completion_tokens",
-                 "completion_tokens_sumsq", "streamed", "slo_requests", "slo_met")
+                 "completion_tokens_sumsq", "streamed", "slo_requests", "slo_met", "q_e2e", "q_ttft", "q_itl")
 
     def __init__(self) -> None:
         self.count = 0
@@ -278,6 +278,21 @@ class ScenarioStats:
         self.streamed = 0  # successful streamed requests: the independent units behind the ITL gaps
         self.slo_requests = 0  # requests under an SLO (RequestRecord.slo_met set)
         self.slo_met = 0
+        # latencies added with defer=True, into the sketches at the next flush (one add_many a batch)
+        self.q_e2e: list[float] = []
+        self.q_ttft: list[float] = []
+        self.q_itl: list[float] = []
+
+    def flush(self) -> None:
+        if self.q_e2e:
+            add_many(self.e2e, self.q_e2e)
+            self.q_e2e = []
+        if self.q_ttft:
+            add_many(self.ttft, self.q_ttft)
+            self.q_ttft = []
+        if self.q_itl:
+            add_many(self.itl, self.q_itl)
+            self.q_itl = []
 
 
 def quantiles(sk: Any, confidence: float = 0.95, n_effective: int | None = None) -> Quantiles:
@@ -331,9 +346,10 @@ class OpenWindow:
         return s
 
     # ---- what a window collects
-    def add(self, rec: RequestRecord, gaps: list[float] | None, impaired: bool = False) -> None:
+    def add(self, rec: RequestRecord, gaps: list[float] | None, impaired: bool = False, defer: bool = False) -> None:
         """A finished request; ``impaired``: it overlapped a stall of soakd's own loop (counted, its
-        latency left out)."""
+        latency left out). ``defer``: its latencies wait for ``flush()`` (a heartbeat settles its requests in a
+        batch: their hundreds of values go into the sketches in one pass; ``summary()`` flushes first)."""
         s = self.stats(rec.scenario)
         s.count += 1
         s.outcomes[rec.outcome.value] += 1
@@ -360,20 +376,35 @@ class OpenWindow:
                 s.completion_tokens_sumsq += rec.completion_tokens * rec.completion_tokens
                 return
             e2e = rec.e2e_seconds
-            s.e2e.add(e2e)
             sub.add(j, "e2e", e2e)
+            ttft = None
             if rec.stream and rec.token_times_ns:
                 ttft = (rec.token_times_ns[0] - rec.t_start_ns) / 1e9
-                s.ttft.add(ttft)
                 sub.add(j, "ttft", ttft)
                 if gaps:
-                    add_many(s.itl, gaps)
                     sub.add(j, "itl", sum(gaps) / len(gaps))
                 s.streamed += 1
+            if defer:
+                s.q_e2e.append(e2e)
+                if ttft is not None:
+                    s.q_ttft.append(ttft)
+                    if gaps:
+                        s.q_itl.extend(gaps)
+            else:
+                s.e2e.add(e2e)
+                if ttft is not None:
+                    s.ttft.add(ttft)
+                    if gaps:
+                        add_many(s.itl, gaps)
             s.prompt_tokens += rec.prompt_tokens
             ct = rec.completion_tokens
             s.completion_tokens += ct
             s.completion_tokens_sumsq += ct * ct
+
+    def flush(self) -> None:
+        """The deferred latencies (``add(defer=True)``) into the sketches."""
+        for s in self.scenarios.values():
+            s.flush()
 
     def add_samples(self, series: list[Series], t: float) -> None:
         if self.telemetry is None:
@@ -389,6 +420,7 @@ class OpenWindow:
     def summary(self, actual_end: float | None = None, partial: bool = False, confidence: float = 0.95,
                 segment: int = 0, revision: int = 0, client_cfg: ClientConfig | None = None,
                 lag_bound: float | None = None) -> WindowSummary:
+        self.flush()
         end = actual_end if actual_end is not None else self.end
         wall = max(1e-9, end - self.start)
         dur = max(1e-9, wall - min(self.paused_seconds, wall * 0.999))

@@ -67,6 +67,8 @@ class Recorder:
         # the latency histograms take a request once the window set has settled it (not impaired by a
         # stall of soakd's own loop: those are counted in soakd_requests_impaired_total instead)
         windows.on_settled = self._settled
+        windows.on_flush = self._flush_settled
+        self._queued: dict[str, tuple[list[float], list[float], list[float]]] = {}  # by scenario, until the flush
 
     # ---- subscriptions
     def add_listener(self, listener: RecordListener) -> None:
@@ -170,13 +172,28 @@ class Recorder:
         if hists is None:
             m = self.metrics
             hists = self._hists[sc] = (m.e2e.child(sc), m.ttft.child(sc), m.itl.child(sc), (sc,))
-        e2e, ttft, itl, _key = hists
-        e2e.observe((rec.t_end_ns - rec.t_start_ns) / 1e9)
+        q = self._queued.get(sc)
+        if q is None:
+            q = self._queued[sc] = ([], [], [])
+        q[0].append((rec.t_end_ns - rec.t_start_ns) / 1e9)
         times = rec.token_times_ns
         if rec.stream and times:
-            ttft.observe((times[0] - rec.t_start_ns) / 1e9)
+            q[1].append((times[0] - rec.t_start_ns) / 1e9)
             if gaps:
-                itl.observe_many(gaps)
+                q[2].extend(gaps)
+
+    def _flush_settled(self) -> None:
+        """The settled latencies into the histograms, once a batch (the window set's ``on_flush``)."""
+        for sc, (e2e, ttft, itl) in self._queued.items():
+            if not e2e:
+                continue
+            hists = self._hists[sc]
+            hists[0].observe_many(e2e)
+            if ttft:
+                hists[1].observe_many(ttft)
+            if itl:
+                hists[2].observe_many(itl)
+            self._queued[sc] = ([], [], [])
 
     def _connection_dropped(self, rec: RequestRecord) -> None:
         """A connection error while the target answers other requests (it answered one in full

@@ -145,8 +145,9 @@ class WindowSet:
         # the heartbeat's period when the runtime's 10 ms heartbeat feeds add_lag: a silence of it longer
         # than this and the request bound, seen at a close, is a stall in progress (None: no such check)
         self.heartbeat_period = heartbeat_period
-        # called with every settled measured record: (record, gaps, impaired)
+        # called with every settled measured record: (record, gaps, impaired), and after each batch of them
         self.on_settled: Callable[[RequestRecord, list[float] | None, bool], None] | None = None
+        self.on_flush: Callable[[], None] | None = None
 
     @property
     def lag_bound(self) -> float:
@@ -212,29 +213,41 @@ class WindowSet:
         start, end = rec.span()
         if impaired is None and self.ledger.hold(end, (rec, gaps, start, end)):
             return
-        self._settle(rec, gaps, start, end, impaired)
+        if self._settle(rec, gaps, start, end, impaired, defer=False) is not None and self.on_flush is not None:
+            self.on_flush()
 
     def impaired(self, start: float, end: float) -> bool:
         """Whether ``[start, end]`` overlapped a loop lag beyond the request bound."""
         return self.ledger.impaired(start, end)
 
     def _settle(self, rec: RequestRecord, gaps: list[float] | None, start: float, end: float,
-                impaired: bool | None = None) -> None:
+                impaired: bool | None = None, defer: bool = True) -> OpenWindow | None:
+        """Into its window; ``defer``: its latencies wait for the window's ``flush()`` (``_release``)."""
         w = self.open.get(rec.window)
         if w is None:
-            return
+            return None
         w.in_flight -= 1
         bad = impaired if impaired is not None else self.ledger.impaired(start, end)
         if w.closed:
             w.late_records += 1
-        w.add(rec, gaps, impaired=bad)
+        w.add(rec, gaps, impaired=bad, defer=defer)
         if self.on_settled is not None:
             self.on_settled(rec, gaps, bad)
+        return w
 
     def _release(self, upto: float | None) -> None:
-        """Settle the waiting requests that ended by ``upto`` (None: all)."""
+        """Settle the waiting requests that ended by ``upto`` (None: all): their latencies go into the windows'
+        sketches (and ``on_flush``, the recorder's histograms) once for the batch, a heartbeat's worth of them."""
+        touched: list[OpenWindow] = []
         for rec, gaps, a, b in self.ledger.due(upto):
-            self._settle(rec, gaps, a, b)
+            w = self._settle(rec, gaps, a, b)
+            if w is not None and w not in touched:
+                touched.append(w)
+        if touched:
+            for w in touched:
+                w.flush()
+            if self.on_flush is not None:
+                self.on_flush()
 
     @property
     def pending(self) -> int:

@@ -25,6 +25,21 @@ def _record(window: int, t: float, ok: bool = True) -> RequestRecord:
     return r
 
 
+def _close(a: object, b: object, path: str = "") -> bool:
+    """Equal documents, floats to a relative 1e-9."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        assert a.keys() == b.keys(), path
+        return all(_close(a[k], b[k], f"{path}.{k}") for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        assert len(a) == len(b), path
+        return all(_close(x, y, f"{path}[{i}]") for i, (x, y) in enumerate(zip(a, b)))
+    if isinstance(a, float) and isinstance(b, float):
+        assert abs(a - b) <= 1e-9 * max(abs(a), abs(b)), (path, a, b)
+        return True
+    assert a == b, (path, a, b)
+    return True
+
+
 def _set(clock: ManualClock, patience: float = 5.0) -> WindowSet:
     return WindowSet(Timeline(100.0, 10.0, 60.0, 250.0), patience=patience, clock=clock)
 
@@ -219,3 +234,58 @@ def test_a_lag_the_run_always_has_impairs_nothing_an_unusual_one_does() -> None:
     ws.add_lag(135.0, 2.0)  # soakd stopped 2 s: [133.0, 135.0]
     (w,) = ws.close_due(171.0)
     assert w.client.requests_impaired == 1 and w.e2e_seconds.count == 1
+
+
+def test_a_heartbeats_batch_of_requests_settles_as_the_requests_one_by_one() -> None:
+    """The heartbeat settles the requests that ended before it in one batch (their latencies into the sketches
+    and histograms in one pass): the window and the /metrics histograms are those of settling them one by one."""
+    import random
+
+    from soakd.metrics import SoakMetrics
+    from soakd.soak.recorder import Recorder
+
+    rng = random.Random(3)
+    plan = []
+    for i in range(600):  # streams of 1 to 80 tokens (the long ones take the numpy path), a few failures
+        t = 111.0 + i * 0.05
+        n = rng.choice((1, 2, 16, 16, 16, 80))
+        plan.append((t, [int(rng.lognormvariate(-4.5, 0.6) * 1e9) for _ in range(n)], rng.random() < 0.05))
+
+    def run(beats: bool) -> tuple[WindowSummary, SoakMetrics]:
+        clock = ManualClock(100.0)
+        ws = _set(clock)
+        metrics = SoakMetrics(("short_chat",))
+        rec_ = Recorder(metrics, ws, clock)
+        if beats:
+            ws.add_lag(110.0, 0.0)
+        for k, (t, gaps, failed) in enumerate(plan):
+            clock.now = t
+            r = RequestRecord("short_chat")
+            r.window = 0
+            rec_.started(r)
+            r.t_start_ns = int(t * 1e9)
+            times = [r.t_start_ns + 30_000_000]
+            for g in gaps[1:]:
+                times.append(times[-1] + g)
+            r.token_times_ns, r.t_end_ns, r.completion_tokens = times, times[-1] + 1000, len(times)
+            if failed:
+                r.fail(Outcome.HTTP_ERROR, "http_500")
+            rec_.finished(r)
+            if beats and k % 37 == 36:
+                ws.add_lag(t - 0.5, 0.0)  # what ended half a second ago settles: batches of dozens
+        assert (ws.pending > 0) is beats
+        (w,) = [c for c in ws.close_due(175.0, final=True) if c.window == 0]
+        assert ws.pending == 0
+        return w, metrics
+
+    batched, m_batched = run(True)
+    single, m_single = run(False)
+    assert batched.requests == 600 and batched.itl_seconds.count > 10_000
+    a, b = batched.dump(), single.dump()
+    a.pop("client"), b.pop("client")  # the heartbeats themselves are the batched run's only
+    # the same values, settled in the order they ended rather than finished: sums differ in the last bits
+    assert _close(a, b)
+    for name in ("e2e", "ttft", "itl"):
+        ha, hb = getattr(m_batched, name).child("short_chat"), getattr(m_single, name).child("short_chat")
+        assert ha.counts == hb.counts and ha.count > 0
+        assert abs(ha.sum - hb.sum) <= 1e-9 * hb.sum  # summed a batch at a time: the last bit may differ
