@@ -61,6 +61,24 @@ def test_bare_client_against_the_zero_latency_server(cc: ModuleType) -> None:
     assert res["tokens"] == cc.N_TOKENS * res["completed"]
 
 
+def test_capacity_runs_pin_the_server_and_the_clients_apart_and_restore(cc: ModuleType) -> None:
+    import os
+
+    mine = os.sched_getaffinity(0)
+    with cc.ServerProcess() as srv:
+        with cc.pinned_apart(srv.pid) as pin:
+            if len(mine) < 2:  # one CPU: nothing to pin apart, nothing pinned
+                assert pin is None and os.sched_getaffinity(0) == mine
+            else:
+                assert pin is not None and pin[0] != pin[1] and {*pin} <= mine
+                assert os.sched_getaffinity(srv.pid) == {pin[0]} and os.sched_getaffinity(0) == {pin[1]}
+                res = asyncio.run(cc.bare_client(srv.url, concurrency=4, duration=0.5))  # it still serves
+                assert res["completed"] > 0 and res["errors"] == 0
+        assert os.sched_getaffinity(0) == mine and os.sched_getaffinity(srv.pid) == mine
+        with cc.pinned_apart(None) as pin:  # no server process: nothing pinned
+            assert pin is None and os.sched_getaffinity(0) == mine
+
+
 def test_timed_server_timestamps_share_the_clients_clock(cc: ModuleType) -> None:
     """Every request is matched by id; receiving can only follow writing on one clock."""
     with cc.ServerProcess(ttft=0.02, itl=0.002) as srv:
