@@ -278,21 +278,16 @@ class ScenarioStats:
         self.streamed = 0  # successful streamed requests: the independent units behind the ITL gaps
         self.slo_requests = 0  # requests under an SLO (RequestRecord.slo_met set)
         self.slo_met = 0
-        # latencies added with defer=True, into the sketches at the next flush (one add_many a batch)
+        # the latencies of requests added since the last flush (a heartbeat's batch goes in with one add_many)
         self.q_e2e: list[float] = []
         self.q_ttft: list[float] = []
         self.q_itl: list[float] = []
 
     def flush(self) -> None:
-        if self.q_e2e:
-            add_many(self.e2e, self.q_e2e)
-            self.q_e2e = []
-        if self.q_ttft:
-            add_many(self.ttft, self.q_ttft)
-            self.q_ttft = []
-        if self.q_itl:
-            add_many(self.itl, self.q_itl)
-            self.q_itl = []
+        for sketch, queued in ((self.e2e, self.q_e2e), (self.ttft, self.q_ttft), (self.itl, self.q_itl)):
+            if queued:
+                add_many(sketch, queued)
+                queued.clear()
 
 
 def quantiles(sk: Any, confidence: float = 0.95, n_effective: int | None = None) -> Quantiles:
@@ -346,10 +341,10 @@ class OpenWindow:
         return s
 
     # ---- what a window collects
-    def add(self, rec: RequestRecord, gaps: list[float] | None, impaired: bool = False, defer: bool = False) -> None:
+    def add(self, rec: RequestRecord, gaps: list[float] | None, impaired: bool = False) -> None:
         """A finished request; ``impaired``: it overlapped a stall of soakd's own loop (counted, its
-        latency left out). ``defer``: its latencies wait for ``flush()`` (a heartbeat settles its requests in a
-        batch: their hundreds of values go into the sketches in one pass; ``summary()`` flushes first)."""
+        latency left out). Its latencies wait for ``flush()`` (a heartbeat settles its requests in a batch:
+        their hundreds of values go into the sketches in one pass; ``summary()`` flushes first)."""
         s = self.stats(rec.scenario)
         s.count += 1
         s.outcomes[rec.outcome.value] += 1
@@ -376,33 +371,23 @@ class OpenWindow:
                 s.completion_tokens_sumsq += rec.completion_tokens * rec.completion_tokens
                 return
             e2e = rec.e2e_seconds
+            s.q_e2e.append(e2e)
             sub.add(j, "e2e", e2e)
-            ttft = None
             if rec.stream and rec.token_times_ns:
                 ttft = (rec.token_times_ns[0] - rec.t_start_ns) / 1e9
+                s.q_ttft.append(ttft)
                 sub.add(j, "ttft", ttft)
                 if gaps:
+                    s.q_itl.extend(gaps)
                     sub.add(j, "itl", sum(gaps) / len(gaps))
                 s.streamed += 1
-            if defer:
-                s.q_e2e.append(e2e)
-                if ttft is not None:
-                    s.q_ttft.append(ttft)
-                    if gaps:
-                        s.q_itl.extend(gaps)
-            else:
-                s.e2e.add(e2e)
-                if ttft is not None:
-                    s.ttft.add(ttft)
-                    if gaps:
-                        add_many(s.itl, gaps)
             s.prompt_tokens += rec.prompt_tokens
             ct = rec.completion_tokens
             s.completion_tokens += ct
             s.completion_tokens_sumsq += ct * ct
 
     def flush(self) -> None:
-        """The deferred latencies (``add(defer=True)``) into the sketches."""
+        """The latencies added since the last flush into the sketches."""
         for s in self.scenarios.values():
             s.flush()
 

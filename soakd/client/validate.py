@@ -7,39 +7,20 @@ from soakd.config import Validation
 REPLACEMENT = "\ufffd"
 
 
-def tail_repeats(text: str, max_period_words: int = 8) -> int:
-    """How many times the longest-repeating 1..max_period_words word phrase repeats at the end."""
-    words = text.split()
-    best = 1
-    n = len(words)
-    for period in range(1, max_period_words + 1):
-        if n < 2 * period:
-            break
-        unit = words[n - period:]
-        reps = 1
-        i = n - 2 * period
-        while i >= 0 and words[i:i + period] == unit:
-            reps += 1
-            i -= period
-        if reps > best:
-            best = reps
-    return best
-
-
 def repeats_at_end(text: str, times: int, max_period_words: int = 8) -> bool:
-    """Whether a phrase of 1..max_period_words words repeats ``times`` times (or more) at the end: the same
-    answer as ``tail_repeats(text) >= times``, from the end of the text only and with one list comparison a
-    period (every request's output is checked: a 16-token stream pays it on every request)."""
+    """Whether a phrase of 1..max_period_words words repeats ``times`` times (or more) at the end, read from the
+    end of the text only, with one list comparison a period (every request's output is checked: a 16-token
+    stream pays it on every request; tests/unit/test_validate.py holds it to counting every repeat)."""
     if times <= 1:
         return True  # one occurrence is every text's
     need = max_period_words * times  # the words the longest period needs
     cut = need * 64
-    words = text[-cut:].split() if len(text) > cut else text.split()
     if len(text) > cut:
-        if len(words) <= need:  # words longer than 64 characters on average: the whole text
+        words = text[-cut:].split()[1:]  # the first may be a word's end
+        if len(words) < need:  # words longer than 64 characters on average: the whole text
             words = text.split()
-        else:
-            words = words[1:]  # the first may be a word's end
+    else:
+        words = text.split()
     n = len(words)
     for period in range(1, max_period_words + 1):
         span = period * times

@@ -138,10 +138,7 @@ class Recorder:
 
     def _observe(self, rec: RequestRecord, sc: str) -> list[float] | None:
         m = self.metrics
-        hists = self._hists.get(sc)
-        if hists is None:
-            hists = self._hists[sc] = (m.e2e.child(sc), m.ttft.child(sc), m.itl.child(sc), (sc,))
-        key = hists[3]
+        key = self._hists_of(sc)[3]
         gaps = None
         times = rec.token_times_ns
         if rec.stream and len(times) > 1:
@@ -168,10 +165,6 @@ class Recorder:
             return
         if rec.outcome is not Outcome.OK:
             return
-        hists = self._hists.get(sc)
-        if hists is None:
-            m = self.metrics
-            hists = self._hists[sc] = (m.e2e.child(sc), m.ttft.child(sc), m.itl.child(sc), (sc,))
         q = self._queued.get(sc)
         if q is None:
             q = self._queued[sc] = ([], [], [])
@@ -184,16 +177,19 @@ class Recorder:
 
     def _flush_settled(self) -> None:
         """The settled latencies into the histograms, once a batch (the window set's ``on_flush``)."""
-        for sc, (e2e, ttft, itl) in self._queued.items():
-            if not e2e:
-                continue
-            hists = self._hists[sc]
-            hists[0].observe_many(e2e)
-            if ttft:
-                hists[1].observe_many(ttft)
-            if itl:
-                hists[2].observe_many(itl)
-            self._queued[sc] = ([], [], [])
+        for sc, queued in self._queued.items():
+            for hist, values in zip(self._hists_of(sc), queued):
+                if values:
+                    hist.observe_many(values)
+                    values.clear()
+
+    def _hists_of(self, sc: str) -> tuple:
+        """The scenario's (e2e, ttft, itl histogram children, (scenario,))."""
+        hists = self._hists.get(sc)
+        if hists is None:
+            m = self.metrics
+            hists = self._hists[sc] = (m.e2e.child(sc), m.ttft.child(sc), m.itl.child(sc), (sc,))
+        return hists
 
     def _connection_dropped(self, rec: RequestRecord) -> None:
         """A connection error while the target answers other requests (it answered one in full

@@ -213,16 +213,17 @@ class WindowSet:
         start, end = rec.span()
         if impaired is None and self.ledger.hold(end, (rec, gaps, start, end)):
             return
-        if self._settle(rec, gaps, start, end, impaired, defer=False) is not None and self.on_flush is not None:
-            self.on_flush()
+        w = self._settle(rec, gaps, start, end, impaired)
+        if w is not None:
+            self._flush([w])
 
     def impaired(self, start: float, end: float) -> bool:
         """Whether ``[start, end]`` overlapped a loop lag beyond the request bound."""
         return self.ledger.impaired(start, end)
 
     def _settle(self, rec: RequestRecord, gaps: list[float] | None, start: float, end: float,
-                impaired: bool | None = None, defer: bool = True) -> OpenWindow | None:
-        """Into its window; ``defer``: its latencies wait for the window's ``flush()`` (``_release``)."""
+                impaired: bool | None = None) -> OpenWindow | None:
+        """Into its window (its latencies wait for ``_flush``); the window, or None when it is gone."""
         w = self.open.get(rec.window)
         if w is None:
             return None
@@ -230,7 +231,7 @@ class WindowSet:
         bad = impaired if impaired is not None else self.ledger.impaired(start, end)
         if w.closed:
             w.late_records += 1
-        w.add(rec, gaps, impaired=bad, defer=defer)
+        w.add(rec, gaps, impaired=bad)
         if self.on_settled is not None:
             self.on_settled(rec, gaps, bad)
         return w
@@ -244,10 +245,14 @@ class WindowSet:
             if w is not None and w not in touched:
                 touched.append(w)
         if touched:
-            for w in touched:
-                w.flush()
-            if self.on_flush is not None:
-                self.on_flush()
+            self._flush(touched)
+
+    def _flush(self, windows: list[OpenWindow]) -> None:
+        """The settled requests' latencies into the windows' sketches and (``on_flush``) the recorder's histograms."""
+        for w in windows:
+            w.flush()
+        if self.on_flush is not None:
+            self.on_flush()
 
     @property
     def pending(self) -> int:

@@ -6,8 +6,28 @@ import random
 
 import pytest
 
-from soakd.client.validate import check_output, repeats_at_end, tail_repeats
+from soakd.client.validate import check_output, repeats_at_end
 from soakd.config import Validation
+
+
+def tail_repeats(text: str, max_period_words: int = 8) -> int:
+    """The reference, the check as it was: how many times the longest-repeating 1..max_period_words word phrase
+    repeats at the end, every repeat counted."""
+    words = text.split()
+    best = 1
+    n = len(words)
+    for period in range(1, max_period_words + 1):
+        if n < 2 * period:
+            break
+        unit = words[n - period:]
+        reps = 1
+        i = n - 2 * period
+        while i >= 0 and words[i:i + period] == unit:
+            reps += 1
+            i -= period
+        if reps > best:
+            best = reps
+    return best
 
 
 def test_each_check_names_its_reason() -> None:
