@@ -638,14 +638,13 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
             rec.token_times_ns = []
             rec.t_end_ns = rec.t_start_ns + 1_000_000
             rec.fail(Outcome.CONNECTION_ERROR, "connect_refused")
-            windows.finished(rec, None)
+            windows.finished(rec)
             continue
         if cell.error_share and w == cell.error_window and _fast_429(rec, rng, cell.error_share):
-            windows.finished(rec, None)
+            windows.finished(rec)
             continue
         rec.outcome = Outcome.OK
-        gaps = [(b - a) / 1e9 for a, b in zip(rec.token_times_ns, rec.token_times_ns[1:])]
-        windows.finished(rec, gaps)
+        windows.finished(rec)
         if cand_windows is not None:  # the same request to the candidate: the same load, its noise
             # correlated with the reference's (the same prompt, rho 0.7), with the same spread
             base = item[3]
@@ -657,7 +656,7 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
             crec = _record(t, _byte_times(cell, t, c_e2e, c_ttft), w)
             cand_windows.started(crec)
             crec.outcome = Outcome.OK
-            cand_windows.finished(crec, [(b - a) / 1e9 for a, b in zip(crec.token_times_ns, crec.token_times_ns[1:])])
+            cand_windows.finished(crec)
     close(tl.end + cell.window_s, final=True)
     verdict = analyzer.verdict()
     failing = [f for f in analyzer.findings if f.severity != "info" and f.kind in ("drift", "throttle")

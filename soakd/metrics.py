@@ -447,20 +447,23 @@ class Hist:
         self.counts[bisect_left(self.bounds, v)] += 1
         self.sum += v
 
-    def observe_many(self, values: Iterable[float]) -> None:
-        counts, bounds, total = self.counts, self.bounds, 0.0
-        if isinstance(values, list) and len(values) >= 48:  # a long stream's gaps: counted by numpy
+    def observe_many(self, values: Iterable[float] | np.ndarray) -> None:
+        """``observe(v)`` for every value; a numpy array or a long list (a batch's gaps) counted by numpy (the sum to
+        its last bits: summed in another order)."""
+        counts, bounds = self.counts, self.bounds
+        if isinstance(values, np.ndarray) or (isinstance(values, list) and len(values) >= 48):
             a = np.asarray(values, dtype=np.float64)
+            if not len(a):
+                return
             if self._bounds_np is None:
                 self._bounds_np = np.asarray(bounds, dtype=np.float64)
             binned = np.bincount(np.searchsorted(self._bounds_np, a, side="left"), minlength=len(counts)).tolist()
             for i, c in enumerate(binned):
                 if c:
                     counts[i] += c
-            for v in values:  # in order, as one by one: numpy's pairwise sum differs in the last bit, by machine
-                total += v
-            self.sum += total
+            self.sum += float(a.sum())
             return
+        total = 0.0
         for v in values:
             counts[bisect_left(bounds, v)] += 1
             total += v

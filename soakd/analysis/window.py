@@ -9,15 +9,17 @@ number of requests or samples.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from soakd.analysis.sketch import RELATIVE_ACCURACY, add_many, merged, new_sketch, quantile
+from soakd.analysis.settle import Settled, settle
+from soakd.analysis.sketch import RELATIVE_ACCURACY, merged, new_sketch, quantile
 from soakd.analysis.stats import quantile_ci
 from soakd.analysis.telemetry import TelemetryStats
 from soakd.config.analysis import ClientConfig
-from soakd.core.records import OUTCOMES, Outcome, RequestRecord, bounded_reason
+from soakd.core.records import OUTCOMES, RequestRecord
 from soakd.core.series import Series
 from soakd.core.summary import (
     ClientSummary,
@@ -52,12 +54,25 @@ class SubStats:
         self.s1 = {f: [0.0] * k for f in FAMILIES}
         self.s2 = {f: [0.0] * k for f in FAMILIES}
 
-    def add(self, j: int, family: str, seconds: float) -> None:
-        if seconds > 0:
-            x = math.log(seconds)
-            self.n[family][j] += 1
-            self.s1[family][j] += x
-            self.s2[family][j] += x * x
+    def add_many(self, family: str, j: np.ndarray, seconds: np.ndarray) -> None:
+        """Latencies ``seconds`` of a family, each in sub-window ``j[i]`` (a batch of requests): the count, sum and
+        sum of squares of their logs (a latency of 0 has none: left out)."""
+        pos = seconds > 0
+        if not pos.all():
+            j, seconds = j[pos], seconds[pos]
+        if not len(j):
+            return
+        x = np.log(seconds)
+        k = self.k
+        n = np.bincount(j, minlength=k).tolist()
+        s1 = np.bincount(j, weights=x, minlength=k).tolist()
+        s2 = np.bincount(j, weights=x * x, minlength=k).tolist()
+        cn, c1, c2 = self.n[family], self.s1[family], self.s2[family]
+        for i, c in enumerate(n):
+            if c:
+                cn[i] += c
+                c1[i] += s1[i]
+                c2[i] += s2[i]
 
     def summary(self, seconds: float) -> SubWindows:
         out = SubWindows(seconds=seconds, requests=list(self.requests), ok=list(self.ok))
@@ -101,8 +116,8 @@ class ClientStats:
         n = max(1, math.ceil((seconds + min(seconds, TAIL)) / BUCKET))
         self.flags = bytearray(n)  # bit 0: a byte arrived in the bucket
         self._flags_np = np.frombuffer(self.flags, dtype=np.uint8)  # the same bytes, for numpy's writes
-        self.inflight_delta = [0] * (n + 1)  # +1 where a request starts, -1 where it ends
-        self.starts = [0] * (n + 1)  # requests that start in the bucket (the freeze's silent requests)
+        self.inflight_delta = np.zeros(n + 1, dtype=np.int64)  # +1 where a request starts, -1 where it ends
+        self.starts = np.zeros(n + 1, dtype=np.int64)  # requests that start in the bucket (the freeze's silent requests)
 
     def add_request(self, t_start: float, t_end: float, byte_times: list[float]) -> None:
         """A request in flight from ``t_start`` to ``t_end`` (window clock), bytes at ``byte_times``."""
@@ -110,28 +125,32 @@ class ClientStats:
 
     def add_request_ns(self, t0_ns: int, t_end_ns: int, token_ns: list[int], headers_ns: int,
                        offset: float) -> None:
-        """The same in the record's own nanoseconds; ``offset``: window-clock seconds minus record seconds."""
+        """The same in the record's own nanoseconds; ``offset``: window-clock seconds minus record seconds.
+        Headers are not progress: a wedged front end sends them to every new stream, and no token after them."""
+        self.add_requests(np.array([t0_ns], dtype=np.int64), np.array([t_end_ns], dtype=np.int64),
+                          np.array([offset]), np.array(token_ns, dtype=np.int64),
+                          np.array([len(token_ns)], dtype=np.int64), np.ones(1, dtype=bool))
+
+    def add_requests(self, t0_ns: np.ndarray, end_ns: np.ndarray, offsets: np.ndarray, tokens_ns: np.ndarray,
+                     lens: np.ndarray, rows: np.ndarray) -> None:
+        """Requests (the rows where ``rows`` is set) in flight from ``t0_ns`` to ``end_ns``, in their records'
+        nanoseconds, ``offsets`` (window-clock seconds minus record seconds) apart from the window's clock; their
+        tokens at ``tokens_ns``, each row's ``lens`` of them in turn (a batch's tokens, all rows')."""
         last = len(self.flags) - 1
-        base = (offset - self.start) / BUCKET  # bucket = ns * k + base
+        base = (offsets - self.start) / BUCKET  # bucket = ns * k + base, truncated
         k = 1e-9 / BUCKET
-        a = min(last, max(0, int(t0_ns * k + base)))
-        b = min(last, max(0, int(t_end_ns * k + base)))
-        self.inflight_delta[a] += 1
-        self.starts[a] += 1
-        self.inflight_delta[b + 1] -= 1
-        flags = self.flags
+        a = np.clip((t0_ns * k + base).astype(np.int64), 0, last)[rows]
+        b = np.clip((end_ns * k + base).astype(np.int64), 0, last)[rows]
+        np.add.at(self.inflight_delta, a, 1)
+        np.add.at(self.starts, a, 1)
+        np.add.at(self.inflight_delta, b + 1, -1)
+        flags = self._flags_np
         flags[b] = 1  # the end of the body
-        if len(token_ns) >= 48:  # a long stream: its buckets by numpy
-            idx = (np.asarray(token_ns, dtype=np.float64) * k + base).astype(np.int64)
-            idx = idx[(idx >= 0) & (idx <= last)]
+        if len(tokens_ns):
+            idx = (tokens_ns * k + np.repeat(base, lens)).astype(np.int64)
+            idx = idx[np.repeat(rows, lens) & (idx >= 0) & (idx <= last)]
             if len(idx):
-                self._flags_np[idx] = 1
-            return
-        for t in token_ns:
-            i = int(t * k + base)
-            if 0 <= i <= last:
-                flags[i] = 1
-        # headers are not progress: a wedged front end sends them to every new stream, and no token after them
+                flags[idx] = 1
 
     def add_beat(self, lag: float, cpu_seconds: float | None = None) -> None:
         """One heartbeat that woke in this window, ``lag`` late (and the CPU time since the last one)."""
@@ -181,7 +200,7 @@ class ClientStats:
     def freeze(self) -> tuple[float, float] | None:
         """(longest span of buckets with a request in flight and no byte, its start offset)."""
         best, best_at, run, run_at, level = 0, 0, 0, 0, 0
-        delta = self.inflight_delta
+        delta = self.inflight_delta.tolist()
         for i, f in enumerate(self.flags):
             level += delta[i]
             if level > 0 and not f:
@@ -199,7 +218,7 @@ class ClientStats:
     def silent_requests(self, at: int, n: int) -> int:
         """The requests silent through a silence of ``n`` buckets from bucket ``at``: those in flight at its start
         (no byte, no end, so silent throughout) and those that started in its first half (silent at least half)."""
-        return sum(self.inflight_delta[: at + 1]) + sum(self.starts[at + 1: at + n // 2 + 1])
+        return int(self.inflight_delta[: at + 1].sum() + self.starts[at + 1: at + n // 2 + 1].sum())
 
     def summary(self, wall: float, cfg: ClientConfig | None, requests: int = 0,
                 lag_bound: float | None = None) -> ClientSummary:
@@ -264,7 +283,7 @@ def extra_variance(n: list[int], s1: list[float], s2: list[float]) -> tuple[floa
 
 class ScenarioStats:
     __slots__ = ("count", "outcomes", "e2e", "ttft", "itl", "prompt_tokens", "completion_tokens",
-                 "completion_tokens_sumsq", "streamed", "slo_requests", "slo_met", "q_e2e", "q_ttft", "q_itl")
+                 "completion_tokens_sumsq", "streamed", "slo_requests", "slo_met")
 
     def __init__(self) -> None:
         self.count = 0
@@ -278,16 +297,6 @@ class ScenarioStats:
         self.streamed = 0  # successful streamed requests: the independent units behind the ITL gaps
         self.slo_requests = 0  # requests under an SLO (RequestRecord.slo_met set)
         self.slo_met = 0
-        # the latencies of requests added since the last flush (a heartbeat's batch goes in with one add_many)
-        self.q_e2e: list[float] = []
-        self.q_ttft: list[float] = []
-        self.q_itl: list[float] = []
-
-    def flush(self) -> None:
-        for sketch, queued in ((self.e2e, self.q_e2e), (self.ttft, self.q_ttft), (self.itl, self.q_itl)):
-            if queued:
-                add_many(sketch, queued)
-                queued.clear()
 
 
 def quantiles(sk: Any, confidence: float = 0.95, n_effective: int | None = None) -> Quantiles:
@@ -306,7 +315,7 @@ class OpenWindow:
 
     __slots__ = ("index", "start", "end", "wall_start", "scenarios", "telemetry", "quiesce", "in_flight",
                  "late_records", "closed", "paused_seconds", "target_down_seconds", "sub_seconds", "sub",
-                 "closed_as", "revision", "client", "kv_saturated_ratio", "failures")
+                 "closed_as", "revision", "client", "kv_saturated_ratio", "failures", "pending", "on_flushed")
 
     def __init__(self, index: int, start: float, end: float, wall_start: float,
                  sub_length: float | None = None, kv_saturated_ratio: float = 0.98) -> None:
@@ -329,6 +338,9 @@ class OpenWindow:
         self.client = ClientStats(start, end - start)
         self.revision = 0
         self.failures: dict[str, int] = {}  # failed requests by bounded reason (the error policy's evidence)
+        self.pending: list[tuple[RequestRecord, bool]] = []  # added, not flushed yet
+        # called with each flushed batch's latencies by scenario (the recorder's histograms)
+        self.on_flushed: Callable[[dict[str, Settled]], None] | None = None
 
     def sub_index(self, t: float) -> int:
         """The sub-window of monotonic time ``t``."""
@@ -341,55 +353,20 @@ class OpenWindow:
         return s
 
     # ---- what a window collects
-    def add(self, rec: RequestRecord, gaps: list[float] | None, impaired: bool = False) -> None:
-        """A finished request; ``impaired``: it overlapped a stall of soakd's own loop (counted, its
-        latency left out). Its latencies wait for ``flush()`` (a heartbeat settles its requests in a batch:
-        their hundreds of values go into the sketches in one pass; ``summary()`` flushes first)."""
-        s = self.stats(rec.scenario)
-        s.count += 1
-        s.outcomes[rec.outcome.value] += 1
-        if rec.outcome is not Outcome.OK and rec.outcome is not Outcome.CANCELLED:
-            why = bounded_reason(rec)
-            self.failures[why] = self.failures.get(why, 0) + 1
-        if rec.slo_met is not None:
-            s.slo_requests += 1
-            s.slo_met += rec.slo_met
-        sub = self.sub
-        j = min(sub.k - 1, max(0, rec.sub))
-        t0 = rec.t_start_ns
-        if rec.t_sent is not None and t0 and rec.stream:  # a non-streamed body is silent until its end
-            self.client.add_request_ns(t0, rec.t_end_ns or t0, rec.token_times_ns, rec.t_headers_ns,
-                                       rec.t_sent - t0 / 1e9)
-        sub.requests[j] += 1
-        if impaired:
-            self.client.impaired_requests += 1
-        if rec.outcome is Outcome.OK:
-            sub.ok[j] += 1
-            if impaired:  # its tokens count (throughput), its latency is soakd's as much as the server's
-                s.prompt_tokens += rec.prompt_tokens
-                s.completion_tokens += rec.completion_tokens
-                s.completion_tokens_sumsq += rec.completion_tokens * rec.completion_tokens
-                return
-            e2e = rec.e2e_seconds
-            s.q_e2e.append(e2e)
-            sub.add(j, "e2e", e2e)
-            if rec.stream and rec.token_times_ns:
-                ttft = (rec.token_times_ns[0] - rec.t_start_ns) / 1e9
-                s.q_ttft.append(ttft)
-                sub.add(j, "ttft", ttft)
-                if gaps:
-                    s.q_itl.extend(gaps)
-                    sub.add(j, "itl", sum(gaps) / len(gaps))
-                s.streamed += 1
-            s.prompt_tokens += rec.prompt_tokens
-            ct = rec.completion_tokens
-            s.completion_tokens += ct
-            s.completion_tokens_sumsq += ct * ct
+    def add(self, rec: RequestRecord, impaired: bool = False) -> None:
+        """A finished request; ``impaired``: it overlapped a stall of soakd's own loop (counted, its latency
+        left out). It waits for ``flush()``, which settles the requests added since the last one in a batch (a
+        heartbeat's worth: see ``soakd.analysis.settle``); ``summary()`` flushes first."""
+        self.pending.append((rec, impaired))
 
     def flush(self) -> None:
-        """The latencies added since the last flush into the sketches."""
-        for s in self.scenarios.values():
-            s.flush()
+        """The requests added since the last flush into the window's counts and sketches (and ``on_flushed``)."""
+        if not self.pending:
+            return
+        batch, self.pending = self.pending, []
+        settled = settle(self, batch)
+        if self.on_flushed is not None:
+            self.on_flushed(settled)
 
     def add_samples(self, series: list[Series], t: float) -> None:
         if self.telemetry is None:

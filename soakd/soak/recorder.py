@@ -10,10 +10,8 @@ nothing when there is none.
 from __future__ import annotations
 
 from collections.abc import Callable
-from itertools import pairwise
 
-import numpy as np
-
+from soakd.analysis.settle import Settled
 from soakd.core.records import OUTCOMES, Outcome, RequestRecord, bounded_reason
 from soakd.core.timeline import SYSTEM_CLOCK, Clock
 from soakd.metrics import SoakMetrics
@@ -27,14 +25,6 @@ from soakd.soak.windows import WindowSet
 DROP_WHILE_UP_NS = 5_000_000_000
 
 RecordListener = Callable[[RequestRecord], None]
-
-
-def gap_seconds(times: list[int]) -> list[float]:
-    """The gaps between consecutive nanosecond times, in seconds (numpy for a long stream: a 256-token one in a
-    sixth of the time of a comprehension; a short one is quicker without)."""
-    if len(times) < 48:
-        return [(b - a) / 1e9 for a, b in pairwise(times)]
-    return (np.diff(np.asarray(times, dtype=np.int64)) / 1e9).tolist()
 
 
 class Recorder:
@@ -66,9 +56,7 @@ class Recorder:
         self._on_first_drop: list[Callable[[RequestRecord], None]] = []
         # the latency histograms take a request once the window set has settled it (not impaired by a
         # stall of soakd's own loop: those are counted in soakd_requests_impaired_total instead)
-        windows.on_settled = self._settled
-        windows.on_flush = self._flush_settled
-        self._queued: dict[str, tuple[list[float], list[float], list[float]]] = {}  # by scenario, until the flush
+        windows.on_flush = self._flushed
 
     # ---- subscriptions
     def add_listener(self, listener: RecordListener) -> None:
@@ -116,7 +104,6 @@ class Recorder:
                 self.set_target_up(True)
         if outcome is not Outcome.OK and outcome is not Outcome.CANCELLED:
             self.last_error = f"{rec.scenario}: {ov}/{rec.reason} {rec.error}"[:300]
-        gaps = None
         if rec.warmup:
             m.warmup_requests.inc((ov,))
         else:
@@ -129,20 +116,16 @@ class Recorder:
                 if rec.slo_met:
                     m.goodput.inc((sc,))
             if outcome is Outcome.OK:
-                gaps = self._observe(rec, sc)
+                self._observe(rec, sc)
             else:
                 m.failures.inc((sc, bounded_reason(rec)))
-        self.windows.finished(rec, gaps, impaired)
+        self.windows.finished(rec, impaired)
         for listener in self._listeners:
             listener(rec)
 
-    def _observe(self, rec: RequestRecord, sc: str) -> list[float] | None:
+    def _observe(self, rec: RequestRecord, sc: str) -> None:
         m = self.metrics
         key = self._hists_of(sc)[3]
-        gaps = None
-        times = rec.token_times_ns
-        if rec.stream and len(times) > 1:
-            gaps = gap_seconds(times)
         m.prompt_tokens.inc(key, rec.prompt_tokens)
         m.completion_tokens.inc(key, rec.completion_tokens)
         self.prompt_tokens += rec.prompt_tokens
@@ -152,36 +135,16 @@ class Recorder:
         elif rec.expected_prompt_tokens and self._calib_n < 4096:
             self._calib_n += 1
             self.prompt_token_error.append(rec.prompt_tokens / rec.expected_prompt_tokens - 1.0)
-        return gaps
 
-    def _settled(self, rec: RequestRecord, gaps: list[float] | None, impaired: bool) -> None:
-        """A measured request settled by the window set: its latency into the histograms, or counted as
-        impaired (it overlapped a stall of soakd's own event loop)."""
-        if rec.warmup:
-            return
-        sc = rec.scenario
-        if impaired:
-            self.metrics.requests_impaired.inc((sc,))
-            return
-        if rec.outcome is not Outcome.OK:
-            return
-        q = self._queued.get(sc)
-        if q is None:
-            q = self._queued[sc] = ([], [], [])
-        q[0].append((rec.t_end_ns - rec.t_start_ns) / 1e9)
-        times = rec.token_times_ns
-        if rec.stream and times:
-            q[1].append((times[0] - rec.t_start_ns) / 1e9)
-            if gaps:
-                q[2].extend(gaps)
-
-    def _flush_settled(self) -> None:
-        """The settled latencies into the histograms, once a batch (the window set's ``on_flush``)."""
-        for sc, queued in self._queued.items():
-            for hist, values in zip(self._hists_of(sc), queued):
-                if values:
-                    hist.observe_many(values)
-                    values.clear()
+    def _flushed(self, settled: dict[str, Settled]) -> None:
+        """A window's flushed batch (the window set's ``on_flush``): its measured latencies into the histograms,
+        its impaired requests (they overlapped a stall of soakd's own event loop) counted."""
+        for sc, (*values, impaired) in settled.items():
+            if impaired:
+                self.metrics.requests_impaired.inc((sc,), impaired)
+            for hist, v in zip(self._hists_of(sc), values):
+                if len(v):
+                    hist.observe_many(v)
 
     def _hists_of(self, sc: str) -> tuple:
         """The scenario's (e2e, ttft, itl histogram children, (scenario,))."""

@@ -15,7 +15,8 @@ lag is the interval ``[t - lag, t]``, split over the windows it overlaps (a SIGS
 in the heartbeat's ticks, charged to the window it happened in, not to the next). A request is
 settled once the heartbeat has beaten after its end (until then it waits, counted in flight, in a
 small heap): if it overlapped a lag beyond the bound it is impaired: counted, its latency left out of
-the window's statistics (``OpenWindow.add``). The bound is ``analysis.client.request_max_lag``, or
+the window's statistics (``OpenWindow.add``). A beat's settled requests go into each window as one batch
+(``soakd.analysis.settle``). The bound is ``analysis.client.request_max_lag``, or
 ``request_lag_relative`` times the run's own p90 heartbeat lag when that is more (a lag that recurs all
 run long moves every window alike). Without a heartbeat (simulations, tests on a manual clock) a
 request settles at once.
@@ -29,6 +30,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from soakd.analysis.settle import Settled
 from soakd.analysis.sketch import new_sketch, quantile
 from soakd.analysis.window import STALL_LAG, OpenWindow
 from soakd.config.analysis import ClientConfig
@@ -38,6 +40,7 @@ from soakd.core.summary import QuiesceProbe, WindowSummary
 from soakd.core.timeline import SYSTEM_CLOCK, Clock, Timeline
 
 
+FLUSH_AT = 4096  # settled requests a window holds unflushed at most when no one takes their latencies
 LOST = -(1 << 62)  # the window of a request reported after its window was gone: no window's (finished() skips it)
 
 
@@ -145,9 +148,11 @@ class WindowSet:
         # the heartbeat's period when the runtime's 10 ms heartbeat feeds add_lag: a silence of it longer
         # than this and the request bound, seen at a close, is a stall in progress (None: no such check)
         self.heartbeat_period = heartbeat_period
-        # called with every settled measured record: (record, gaps, impaired), and after each batch of them
-        self.on_settled: Callable[[RequestRecord, list[float] | None, bool], None] | None = None
-        self.on_flush: Callable[[], None] | None = None
+        # called with every settled record and whether it was impaired
+        self.on_settled: Callable[[RequestRecord, bool], None] | None = None
+        # called with each window's flushed batch: its latencies by scenario (the recorder's histograms)
+        self.on_flush: Callable[[dict[str, Settled]], None] | None = None
+        self._unflushed: list[OpenWindow] = []  # windows with requests settled and not flushed (load workers')
 
     @property
     def lag_bound(self) -> float:
@@ -171,6 +176,7 @@ class WindowSet:
             s, e = (tl.start, tl.first_window_start) if index < 0 else tl.window_bounds(index)
             w = self.open[index] = OpenWindow(index, s, e, self.clock.wall() - (self.clock.monotonic() - s),
                                               sub_length=self.sub_length, kv_saturated_ratio=self.kv_saturated_ratio)
+            w.on_flushed = self._flushed
         return w
 
     def current(self, now: float) -> OpenWindow | None:
@@ -200,10 +206,10 @@ class WindowSet:
             rec.t_sent = now = self.clock.monotonic()
         rec.sub = w.sub_index(now)
 
-    def finished(self, rec: RequestRecord, gaps: list[float] | None, impaired: bool | None = None) -> None:
+    def finished(self, rec: RequestRecord, impaired: bool | None = None) -> None:
         """A finished request: into its window (once the heartbeat has beaten after its end), or counted
         late when that closed already. ``impaired``: decided already (a load worker's request, by the worker's
-        own heartbeat: this process's stalls did not touch it), settled at once."""
+        own heartbeat: this process's stalls did not touch it), settled at once and flushed by ``flush()``."""
         w = self.open.get(rec.window)
         if w is None:
             return
@@ -211,19 +217,22 @@ class WindowSet:
             w.in_flight -= 1
             return
         start, end = rec.span()
-        if impaired is None and self.ledger.hold(end, (rec, gaps, start, end)):
+        if impaired is None and self.ledger.hold(end, (rec, start, end)):
             return
-        w = self._settle(rec, gaps, start, end, impaired)
-        if w is not None:
+        w = self._settle(rec, start, end, impaired)
+        if w is None:
+            return
+        if impaired is None:
             self._flush([w])
+        elif w not in self._unflushed:
+            self._unflushed.append(w)
 
     def impaired(self, start: float, end: float) -> bool:
         """Whether ``[start, end]`` overlapped a loop lag beyond the request bound."""
         return self.ledger.impaired(start, end)
 
-    def _settle(self, rec: RequestRecord, gaps: list[float] | None, start: float, end: float,
-                impaired: bool | None = None) -> OpenWindow | None:
-        """Into its window (its latencies wait for ``_flush``); the window, or None when it is gone."""
+    def _settle(self, rec: RequestRecord, start: float, end: float, impaired: bool | None = None) -> OpenWindow | None:
+        """Into its window (it waits there for the window's flush); the window, or None when it is gone."""
         w = self.open.get(rec.window)
         if w is None:
             return None
@@ -231,28 +240,40 @@ class WindowSet:
         bad = impaired if impaired is not None else self.ledger.impaired(start, end)
         if w.closed:
             w.late_records += 1
-        w.add(rec, gaps, impaired=bad)
+        w.add(rec, bad)
         if self.on_settled is not None:
-            self.on_settled(rec, gaps, bad)
+            self.on_settled(rec, bad)
         return w
 
     def _release(self, upto: float | None) -> None:
-        """Settle the waiting requests that ended by ``upto`` (None: all): their latencies go into the windows'
-        sketches (and ``on_flush``, the recorder's histograms) once for the batch, a heartbeat's worth of them."""
+        """Settle the waiting requests that ended by ``upto`` (None: all), and flush them: a heartbeat's worth of
+        them in one batch per window."""
         touched: list[OpenWindow] = []
-        for rec, gaps, a, b in self.ledger.due(upto):
-            w = self._settle(rec, gaps, a, b)
+        for rec, a, b in self.ledger.due(upto):
+            w = self._settle(rec, a, b)
             if w is not None and w not in touched:
                 touched.append(w)
         if touched:
             self._flush(touched)
 
+    def flush(self) -> None:
+        """Flush the windows that hold settled requests not flushed yet (a load worker's batch of records)."""
+        if self._unflushed:
+            self._flush(self._unflushed)
+            self._unflushed = []
+
     def _flush(self, windows: list[OpenWindow]) -> None:
-        """The settled requests' latencies into the windows' sketches and (``on_flush``) the recorder's histograms."""
+        """Flush the windows' settled requests, a batch per window. With nobody to hand their latencies to (no
+        ``on_flush``: a simulation), they wait in the window for its summary, or until ``FLUSH_AT`` wait: one
+        batch instead of a few at every beat."""
+        listening = self.on_flush is not None
         for w in windows:
-            w.flush()
+            if listening or len(w.pending) >= FLUSH_AT:
+                w.flush()
+
+    def _flushed(self, settled: dict[str, Settled]) -> None:
         if self.on_flush is not None:
-            self.on_flush()
+            self.on_flush(settled)
 
     @property
     def pending(self) -> int:

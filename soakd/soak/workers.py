@@ -284,6 +284,7 @@ class WorkerPool:
                     if last:
                         rec.token_times_ns = [last]
         windows = rec_.windows
+        windows.flush()  # the batch's finished records, a batch per window
         for a, b, long, lag in stalls:
             windows.charge_stall(a, b, long, lag, wk.index)
         if late:

@@ -153,16 +153,16 @@ def test_the_window_set_counts_failures_by_reason() -> None:
             r.t_end_ns = r.t_start_ns + 5_000_000
             r.http_status = 429
             r.fail(Outcome.HTTP_ERROR, "http_429")
-            ws.finished(r, None)
+            ws.finished(r)
         elif u < 0.035:
             r.t_end_ns = r.t_start_ns + 5_000_000
             r.fail(Outcome.TIMEOUT, "first_token_timeout")
-            ws.finished(r, None)
+            ws.finished(r)
         else:
             r.token_times_ns = [r.t_start_ns + 50_000_000, r.t_start_ns + 90_000_000]
             r.t_end_ns = r.token_times_ns[-1]
             r.completion_tokens = 2
-            ws.finished(r, [0.04])
+            ws.finished(r)
     (w,) = ws.close_due(606.0)
     assert set(w.failures) == {"http_429", "first_token_timeout"}
     assert sum(w.failures.values()) == w.outcomes["http_error"] + w.outcomes["timeout"]

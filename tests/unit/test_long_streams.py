@@ -8,7 +8,6 @@ import random
 from soakd.analysis.sketch import add_many, new_sketch
 from soakd.analysis.window import ClientStats
 from soakd.metrics import Hist
-from soakd.soak.recorder import gap_seconds
 
 
 def _keys(store) -> dict[int, float]:  # noqa: ANN001
@@ -27,7 +26,7 @@ def test_add_many_counts_what_add_counts_into_the_same_buckets() -> None:
             add_many(many, values)
         assert _keys(one._store) == _keys(many._store)
         assert (one.count, one._zero_count, one._min, one._max) == (many.count, many._zero_count, many._min, many._max)
-        assert one.sum == many.sum
+        assert abs(one.sum - many.sum) <= 1e-12 * one.sum  # summed in another order: the last bits may differ
         for q in (0.0, 0.01, 0.5, 0.99, 1.0):
             assert one.get_quantile_value(q) == many.get_quantile_value(q)
 
@@ -38,14 +37,13 @@ def test_long_gaps_histogram_and_activity_buckets_match_the_short_path() -> None
     times = [t0]
     for _ in range(255):
         times.append(times[-1] + rnd.randint(1_000, 40_000_000))
-    gaps = gap_seconds(times)
-    assert gaps == [(b - a) / 1e9 for a, b in zip(times, times[1:])]
+    gaps = [(b - a) / 1e9 for a, b in zip(times, times[1:])]
     bounds = (0.001, 0.005, 0.01, 0.02, 0.05)
     long, short = Hist(bounds), Hist(bounds)
     long.observe_many(gaps)  # 255 values: numpy
     for g in gaps:
         short.observe(g)
-    assert long.counts == short.counts and long.sum == sum(gaps)
+    assert long.counts == short.counts and abs(long.sum - sum(gaps)) <= 1e-12 * long.sum
     wide, narrow = ClientStats(0.0, 30.0), ClientStats(0.0, 30.0)
     wide.add_request_ns(t0, times[-1], times, 0, 1.0 - t0 / 1e9)  # the record's clock 1 s into the window
     for i in range(0, len(times), 40):  # the same tokens in pieces shorter than numpy's threshold
@@ -71,7 +69,7 @@ def test_edges_a_gap_on_a_bound_and_a_token_before_the_window() -> None:
     long.observe_many(gaps)
     for g in gaps:
         short.observe(g)
-    assert long.counts == short.counts == [10, 20, 10, 20, 10, 0] and long.sum == short.sum
+    assert long.counts == short.counts == [10, 20, 10, 20, 10, 0] and abs(long.sum - short.sum) <= 1e-12
     t0 = 5_000_000_000_000
     times = [t0 - 50_000_000 + 1_000_000 * i for i in range(60)]  # the first 50 before the window's clock start
     wide, narrow = ClientStats(0.0, 30.0), ClientStats(0.0, 30.0)

@@ -212,11 +212,11 @@ def test_a_request_reported_after_its_window_closed_opens_no_window_again() -> N
     ws = WindowSet(Timeline(0.0, 0.0, 10.0, 100.0), clock=clock)
     first = _rec(0, 1.0, 1, [2])
     ws.started(first)
-    ws.finished(first, None)
+    ws.finished(first)
     assert [w.window for w in ws.close_due(10.5)] == [0]
     late = _rec(0, 9.9, 1, [2])  # a worker's report of a request sent in window 0, read after it closed
     ws.started(late)
-    ws.finished(late, None)
+    ws.finished(late)
     assert ws.lost_records == 1 and 0 not in ws.open
     assert [w.window for w in ws.close_due(20.5)] == [1]  # window 0 never comes out a second time
 
