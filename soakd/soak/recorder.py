@@ -1,8 +1,9 @@
 """Where a finished request goes: the load-side metrics, its window, the run's counters and the
 target's up state.
 
-Runs on the event loop only; no locks. ``finished()`` is the hot path: a few dictionary
-updates, two or three histogram bisects and the sketch adds. Whoever wants every finished
+Runs on the event loop only; no locks. ``finished()`` is the hot path: a few counter and dictionary
+updates; the latencies reach the histograms when the window set flushes a batch (``on_flush``: the
+heartbeat's batch, numpy columns, ``soakd.analysis.settle``). Whoever wants every finished
 record (a benchmark's trace, a test) registers a listener with ``add_listener``; it costs
 nothing when there is none.
 """

@@ -15,8 +15,8 @@ lag is the interval ``[t - lag, t]``, split over the windows it overlaps (a SIGS
 in the heartbeat's ticks, charged to the window it happened in, not to the next). A request is
 settled once the heartbeat has beaten after its end (until then it waits, counted in flight, in a
 small heap): if it overlapped a lag beyond the bound it is impaired: counted, its latency left out of
-the window's statistics (``OpenWindow.add``). A beat's settled requests go into each window as one batch
-(``soakd.analysis.settle``). The bound is ``analysis.client.request_max_lag``, or
+the window's statistics (``soakd.analysis.settle``). A beat's settled requests go into each window as one
+batch, flushed at the beat (or at ``close_due``, or by ``flush()``). The bound is ``analysis.client.request_max_lag``, or
 ``request_lag_relative`` times the run's own p90 heartbeat lag when that is more (a lag that recurs all
 run long moves every window alike). Without a heartbeat (simulations, tests on a manual clock) a
 request settles at once.
@@ -209,7 +209,9 @@ class WindowSet:
     def finished(self, rec: RequestRecord, impaired: bool | None = None) -> None:
         """A finished request: into its window (once the heartbeat has beaten after its end), or counted
         late when that closed already. ``impaired``: decided already (a load worker's request, by the worker's
-        own heartbeat: this process's stalls did not touch it), settled at once and flushed by ``flush()``."""
+        own heartbeat: this process's stalls did not touch it). One settled at once (decided already, no
+        heartbeat, or one that ended before the last beat) goes into the window's next batch: the next beat, the
+        next ``close_due``, or ``flush()`` (the load-worker pool after each message, a sweep's step watch)."""
         w = self.open.get(rec.window)
         if w is None:
             return
@@ -220,11 +222,7 @@ class WindowSet:
         if impaired is None and self.ledger.hold(end, (rec, start, end)):
             return
         w = self._settle(rec, start, end, impaired)
-        if w is None:
-            return
-        if impaired is None:
-            self._flush([w])
-        elif w not in self._unflushed:
+        if w is not None and w not in self._unflushed:  # into the next flush's batch
             self._unflushed.append(w)
 
     def impaired(self, start: float, end: float) -> bool:
@@ -246,21 +244,20 @@ class WindowSet:
         return w
 
     def _release(self, upto: float | None) -> None:
-        """Settle the waiting requests that ended by ``upto`` (None: all), and flush them: a heartbeat's worth of
-        them in one batch per window."""
-        touched: list[OpenWindow] = []
+        """Settle the waiting requests that ended by ``upto`` (None: all), and flush them with those settled at
+        once since the last flush: a heartbeat's worth of them in one batch per window."""
+        touched = self._unflushed
         for rec, a, b in self.ledger.due(upto):
             w = self._settle(rec, a, b)
             if w is not None and w not in touched:
                 touched.append(w)
-        if touched:
-            self._flush(touched)
+        self.flush()
 
     def flush(self) -> None:
-        """Flush the windows that hold settled requests not flushed yet (a load worker's batch of records)."""
+        """Flush the windows that hold settled requests not flushed yet."""
         if self._unflushed:
-            self._flush(self._unflushed)
-            self._unflushed = []
+            windows, self._unflushed = self._unflushed, []
+            self._flush(windows)
 
     def _flush(self, windows: list[OpenWindow]) -> None:
         """Flush the windows' settled requests, a batch per window. With nobody to hand their latencies to (no
@@ -395,6 +392,8 @@ class WindowSet:
             self._release(None)
         elif self.heartbeat_period is not None:  # a heartbeat that stopped beating holds nothing for long
             self._release(now - max(1.0, 10 * self.heartbeat_period))
+        else:
+            self.flush()
         self.ended = final
         tl = self.timeline
         upto = tl.window_at(min(now, tl.end - 1e-9))

@@ -229,6 +229,7 @@ class SweepRunner:
 
         async def enough() -> None:
             while not driver.stopping:
+                windows.flush()  # the step's finished requests into its window and the histograms, 20 batches a second
                 now = clock.monotonic()
                 if now - measured_from >= sw.step and recorder.measured >= sw.min_requests:
                     stopped_at.append(now)
