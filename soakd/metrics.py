@@ -448,8 +448,7 @@ class Hist:
         self.sum += v
 
     def observe_many(self, values: Iterable[float] | np.ndarray) -> None:
-        """``observe(v)`` for every value; a numpy array or a long list (a batch's gaps) counted by numpy (the sum to
-        its last bits: summed in another order)."""
+        """``observe(v)`` for every value; a numpy array or a long list (a batch's gaps) counted by numpy."""
         counts, bounds = self.counts, self.bounds
         if isinstance(values, np.ndarray) or (isinstance(values, list) and len(values) >= 48):
             a = np.asarray(values, dtype=np.float64)
@@ -461,7 +460,10 @@ class Hist:
             for i, c in enumerate(binned):
                 if c:
                     counts[i] += c
-            self.sum += float(a.sum())
+            total = 0.0
+            for v in a.tolist():  # in order, as one by one: numpy's pairwise sum differs in the last bit, by machine
+                total += v
+            self.sum += total
             return
         total = 0.0
         for v in values:
