@@ -152,7 +152,8 @@ class WindowSet:
         self.on_settled: Callable[[RequestRecord, bool], None] | None = None
         # called with each window's flushed batch: its latencies by scenario (the recorder's histograms)
         self.on_flush: Callable[[dict[str, Settled]], None] | None = None
-        self._unflushed: list[OpenWindow] = []  # windows with requests settled and not flushed (load workers')
+        self._unflushed: list[OpenWindow] = []  # windows with requests settled and not flushed yet
+        self.flushed_by_owner = False  # with no heartbeat, whoever owns the set calls flush() (a sweep's step)
 
     @property
     def lag_bound(self) -> float:
@@ -209,9 +210,10 @@ class WindowSet:
     def finished(self, rec: RequestRecord, impaired: bool | None = None) -> None:
         """A finished request: into its window (once the heartbeat has beaten after its end), or counted
         late when that closed already. ``impaired``: decided already (a load worker's request, by the worker's
-        own heartbeat: this process's stalls did not touch it). One settled at once (decided already, no
-        heartbeat, or one that ended before the last beat) goes into the window's next batch: the next beat, the
-        next ``close_due``, or ``flush()`` (the load-worker pool after each message, a sweep's step watch)."""
+        own heartbeat: this process's stalls did not touch it). One settled at once (decided already, or one
+        that ended before the last beat) goes into the window's next batch: the next beat, the next ``close_due``,
+        or ``flush()`` (the load-worker pool after each message); with no heartbeat it is flushed at once, unless
+        the owner flushes (``flushed_by_owner``: a sweep's step watch, every 50 ms)."""
         w = self.open.get(rec.window)
         if w is None:
             return
@@ -222,8 +224,12 @@ class WindowSet:
         if impaired is None and self.ledger.hold(end, (rec, start, end)):
             return
         w = self._settle(rec, start, end, impaired)
-        if w is not None and w not in self._unflushed:  # into the next flush's batch
+        if w is None:
+            return
+        if w not in self._unflushed:  # into the next flush's batch
             self._unflushed.append(w)
+        if impaired is None and self.ledger.last_beat is None and not self.flushed_by_owner:
+            self.flush()  # no heartbeat and no one who flushes: now (a batch of one)
 
     def impaired(self, start: float, end: float) -> bool:
         """Whether ``[start, end]`` overlapped a loop lag beyond the request bound."""

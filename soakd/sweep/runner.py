@@ -216,6 +216,7 @@ class SweepRunner:
         timeline = Timeline(start, sw.warmup, max_step, sw.warmup + max_step)
         windows = WindowSet(timeline, confidence=sw.confidence, patience=max_step, clock=clock,
                             sub_length=sw.step / 10)
+        windows.flushed_by_owner = True  # enough() below flushes every 50 ms: batches, not one request at a time
         recorder = Recorder(self.metrics, windows, clock, slos={n: (s.ttft, s.itl, s.e2e)
                                                                 for n, s in self.slos.items()})
         recorder.set_target_up(True)
