@@ -2,8 +2,8 @@
 a second). One pass over the records counts what is counted per request (outcomes, failures, SLO, tokens,
 sub-window requests); the latencies, the inter-token gaps, the sub-windows' log-latency sums and the freeze
 detector's activity buckets are computed over the whole batch at once, as numpy columns, not token by token.
-What it gives is what settling the requests one by one gives: the same counts and buckets, sums to the last
-bits (a batch is summed in another order).
+What it gives is what settling the requests one by one gives: the same counts, buckets and sums (the sums still
+added value by value, in order; ``tests/unit/test_settle.py`` holds it to the one-by-one rules).
 """
 
 from __future__ import annotations

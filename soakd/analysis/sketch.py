@@ -27,7 +27,8 @@ def new_sketch() -> LogCollapsingLowestDenseDDSketch:
 
 def add_many(sketch, values) -> None:  # noqa: ANN001
     """``sketch.add(v if v > 0 else 0.0)`` for every value (a list or a numpy array), in one pass: the same buckets,
-    count, sum, min and max (a batch's inter-token gaps in a fraction of the time of adds one by one). A negative value counts as 0 (a gap between two timestamps: never negative on CLOCK_MONOTONIC)."""
+    count, sum, min and max (a batch's inter-token gaps in a fraction of the time of adds one by one). A negative
+    value counts as 0 (a gap between two timestamps: never negative on CLOCK_MONOTONIC)."""
     mp = sketch._mapping
     n = len(values)
     if not n:

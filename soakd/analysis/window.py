@@ -117,7 +117,8 @@ class ClientStats:
         self.flags = bytearray(n)  # bit 0: a byte arrived in the bucket
         self._flags_np = np.frombuffer(self.flags, dtype=np.uint8)  # the same bytes, for numpy's writes
         self.inflight_delta = np.zeros(n + 1, dtype=np.int64)  # +1 where a request starts, -1 where it ends
-        self.starts = np.zeros(n + 1, dtype=np.int64)  # requests that start in the bucket (the freeze's silent requests)
+        # requests that start in the bucket (the freeze's silent requests)
+        self.starts = np.zeros(n + 1, dtype=np.int64)
 
     def add_request(self, t_start: float, t_end: float, byte_times: list[float]) -> None:
         """A request in flight from ``t_start`` to ``t_end`` (window clock), bytes at ``byte_times``."""

@@ -16,9 +16,9 @@ in the heartbeat's ticks, charged to the window it happened in, not to the next)
 settled once the heartbeat has beaten after its end (until then it waits, counted in flight, in a
 small heap): if it overlapped a lag beyond the bound it is impaired: counted, its latency left out of
 the window's statistics (``soakd.analysis.settle``). A beat's settled requests go into each window as one
-batch, flushed at the beat (or at ``close_due``, or by ``flush()``). The bound is ``analysis.client.request_max_lag``, or
-``request_lag_relative`` times the run's own p90 heartbeat lag when that is more (a lag that recurs all
-run long moves every window alike). Without a heartbeat (simulations, tests on a manual clock) a
+batch, flushed at the beat (or at ``close_due``, or by ``flush()``). The bound is
+``analysis.client.request_max_lag``, or ``request_lag_relative`` times the run's own p90 heartbeat lag when
+that is more (a lag that recurs all run long moves every window alike). Without a heartbeat (simulations, tests on a manual clock) a
 request settles at once.
 """
 
@@ -260,15 +260,10 @@ class WindowSet:
         self.flush()
 
     def flush(self) -> None:
-        """Flush the windows that hold settled requests not flushed yet."""
-        if self._unflushed:
-            windows, self._unflushed = self._unflushed, []
-            self._flush(windows)
-
-    def _flush(self, windows: list[OpenWindow]) -> None:
-        """Flush the windows' settled requests, a batch per window. With nobody to hand their latencies to (no
-        ``on_flush``: a simulation), they wait in the window for its summary, or until ``FLUSH_AT`` wait: one
-        batch instead of a few at every beat."""
+        """Flush the windows that hold settled requests not flushed yet, a batch per window. With nobody to hand
+        their latencies to (no ``on_flush``: a simulation), they wait in the window for its summary, or until
+        ``FLUSH_AT`` wait: one batch instead of a few at every beat."""
+        windows, self._unflushed = self._unflushed, []
         listening = self.on_flush is not None
         for w in windows:
             if listening or len(w.pending) >= FLUSH_AT:
