@@ -24,11 +24,11 @@ from collections import Counter
 from collections.abc import Iterable
 
 import numpy as np
-from scipy.stats import theilslopes
+from scipy.stats import linregress, t as student_t, theilslopes
 
 from soakd.analysis.stats import z_value
 
-__all__ = ["MAX_POINTS", "intercept", "theil_sen", "theil_sen_blocked"]
+__all__ = ["MAX_POINTS", "intercept", "least_squares", "theil_sen", "theil_sen_blocked"]
 
 MAX_POINTS = 500  # Theil-Sen is O(n^2) pairs; longer series are subsampled evenly to this many points
 
@@ -99,6 +99,21 @@ def theil_sen(xs: Iterable[float], ys: Iterable[float], confidence: float = 0.95
     lo = lo if i_lo is not None else -math.inf
     hi = hi if i_hi is not None else math.inf
     return slope, min(lo, slope), max(hi, slope)
+
+
+def least_squares(xs: Iterable[float], ys: Iterable[float], confidence: float = 0.95) -> Fit | None:
+    """``(slope, lo, hi)``: the least-squares slope (``scipy.stats.linregress``) and its Student-t interval
+    (``n - 2`` degrees of freedom) at ``confidence``, two-sided as Sen's: the interval that reaches a high
+    confidence from a dozen readings, where Sen's rank interval cannot (its Kendall S is bounded by the
+    pairs). It assumes independent, near-normal readings (``soakd.analysis.leak`` judges with it only at a
+    run-level confidence, beyond 95%). None below 4 points or with no spread of x."""
+    pts = _points(xs, ys)
+    n = len(pts)
+    if n < 4 or len({x for x, _ in pts}) < 2:
+        return None
+    r = linregress([x for x, _ in pts], [y for _, y in pts])
+    half = float(student_t.ppf(0.5 + confidence / 2.0, n - 2)) * float(r.stderr)
+    return float(r.slope), float(r.slope) - half, float(r.slope) + half
 
 
 def theil_sen_blocked(

@@ -177,3 +177,45 @@ def test_a_resumed_run_knows_the_pages_of_its_earlier_segments() -> None:
     resumed.verdict()
     (w,) = [f for f in resumed.findings if f.diagnosis == "leak page withdrawn"]
     assert w.evidence["paged_window"] == paged[0].window
+
+
+# ---- the live judgement's interval: least squares where Sen's cannot reach the run-level confidence
+
+
+def test_a_leak_under_noisy_probes_is_paged_by_hour_8_through_least_squares() -> None:
+    """The ``leak-50`` row (benchmarks/leak_probes.py: 50 MB/h, 50 MiB probe noise, the schedule's
+    times): seeds that Sen's interval alone paged only after window 16 (windows 19, 17, 18, 19) are paged
+    by then, and the page says which interval judged it; flat memory under the same noise is not paged."""
+    bench = benchmark("leak_probes")
+    _, period, gc, leak, noise, warmup = next(r for r in bench.ROWS if r[0].startswith("50 MB/h, 50 MiB"))
+    for seed in (3, 4, 13, 16):
+        page, end = bench.run(seed, True, period, gc, leak, noise, warmup)
+        assert page is not None and page <= 16 and end, (seed, page)
+    flat = next(r for r in bench.ROWS if r[0].startswith("flat memory"))
+    assert [bench.run(seed, True, *flat[1:])[0] for seed in range(12)] == [None] * 12
+    # the page itself, as the detector makes it after window 16 of seed 3
+    rng = random.Random(3 * 7 + 1)
+    rng.uniform(30, 30), rng.random()  # the row's GC period and phase draws (no GC in this row)
+    sched = ProbeSchedule.seeded(0.0, 1800.0, 0.9, 3, duration=min(QuiesceConfig().drain_timeout, 450.0)
+                                 + QuiesceConfig().settle)
+    pts = [(t, leak * t / 3600.0 + rng.gauss(0.0, noise)) for t in sched.times(1800.0 * 24)]
+    live = LeakDetector(AnalysisConfig(), planned_windows=24).live_cfg
+    r = evaluate_memory(_windows(pts)[:17], "device_memory", live)
+    assert r.suspected and r.interval == "least squares" and r.ci is not None and r.ci[0] > 0, r
+    assert "least squares" in r.message() and r.to_dict()["interval"] == "least squares"
+
+
+def test_the_last_judgement_stays_sens_and_an_outlier_does_not_page_live() -> None:
+    """At 95% (the run's last judgement, one look) Sen's interval alone judges: a climb of 24 MiB/h under
+    50 MiB of noise whose least-squares 95% interval clears 0 and Sen's does not is not suspected. Live,
+    one reading 400 MiB high at the end of flat memory moves the least-squares slope and widens its
+    interval as much: not paged."""
+    rng = random.Random(8)
+    climb = [(1800.0 * i + 900.0, 12.0 * i + rng.gauss(0, 50)) for i in range(14)]
+    r = evaluate_memory(_windows(climb), "device_memory")
+    assert not r.suspected and r.interval == "rank" and r.ci is not None and r.ci[0] < 0, r.message()
+    live = LeakDetector(AnalysisConfig(), planned_windows=24).live_cfg
+    rng = random.Random(2)
+    flat = [(1800.0 * i + 900.0, rng.gauss(0, 10)) for i in range(16)] + [(1800.0 * 16 + 900.0, 400.0)]
+    r = evaluate_memory(_windows(flat), "device_memory", live)
+    assert not r.suspected, r.message()
