@@ -217,8 +217,8 @@ class LeakConfig(_Model):
         lt=1,
         description="The judged (sustained) part of a memory series starts at this share of it (or after its last "
         "step): what comes before is taken for warm-up. Lower finds a leak sooner and takes a longer warm-up for a "
-        "leak (with one 50 MiB-noisy probe a 30-min window, a 50 MB/h leak is paged by hour 8 in 72% at 1/3, 99% at "
-        "1/6; a 1 GiB warm-up over 3 h is paged in 3% and 62%: docs/verdict-quality.md).",
+        "leak (with one 50 MiB-noisy probe a 30-min window, a 50 MB/h leak is paged by hour 8 in 93% at 1/3, 100% "
+        "at 1/6; a 1 GiB warm-up over 3 h is paged in 3% and 97%: docs/verdict-quality.md).",
     )
     step_bytes: Bytes = Field(
         64 * 2**20,
