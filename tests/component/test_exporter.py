@@ -209,7 +209,8 @@ def test_recorder_feeds_the_exported_values() -> None:
     rec_ = Recorder(metrics, WindowSet(tl))
 
     def record(scenario: str, window: int, outcome: Outcome = Outcome.OK, reason: str = "", status: int = 200,
-               tokens_ms: tuple[int, ...] = (50, 55, 60, 65), usage: bool = True) -> RequestRecord:
+               tokens_ms: tuple[int, ...] = (50, 55, 60, 65), usage: bool = True,
+               impaired: bool | None = None) -> RequestRecord:
         r = RequestRecord(scenario)
         r.window, r.warmup = window, window < 0
         r.t_start_ns = 1_000_000_000
@@ -221,18 +222,24 @@ def test_recorder_feeds_the_exported_values() -> None:
         if outcome is not Outcome.OK:
             r.fail(outcome, reason)
         rec_.started(r)
-        rec_.finished(r)
+        rec_.finished(r, impaired)
         return r
 
     record("a", -1)  # warm-up: only the warm-up counter
     record("a", 0)
     record("a", 0, usage=False)
     record("b", 0, Outcome.HTTP_ERROR, "http_418", status=418)
+    # three that overlapped a stall of soakd's own loop (as a load worker decides it): counted as impaired, the
+    # two answered ones' latency left out of the histograms (the failed one has none), all three counted as requests
+    record("b", 0, tokens_ms=(900, 950), impaired=True)
+    record("b", 0, tokens_ms=(900, 950), impaired=True)
+    record("b", 0, Outcome.HTTP_ERROR, "http_503", status=503, impaired=True)
+    rec_.windows.flush()  # as the worker pool does after each message of records (WorkerPool._apply)
     record("b", 0, Outcome.TIMEOUT, "response_timeout", status=0, tokens_ms=())
     exp = Exposition(generate_latest(metrics.registry()).decode())
     assert exp.value("soakd_warmup_requests_total", outcome="ok") == 1
     assert exp.value("soakd_requests_total", scenario="a", outcome="ok") == 2
-    assert exp.value("soakd_requests_total", scenario="b", outcome="http_error") == 1
+    assert exp.value("soakd_requests_total", scenario="b", outcome="http_error") == 2  # the 418 and the 503
     assert exp.value("soakd_requests_total", scenario="b", outcome="timeout") == 1
     assert exp.value("soakd_request_failures_total", scenario="b", reason="http_4xx") == 1  # 418 folded
     assert exp.value("soakd_request_failures_total", scenario="b", reason="response_timeout") == 1
@@ -245,11 +252,15 @@ def test_recorder_feeds_the_exported_values() -> None:
     assert exp.value("soakd_inter_token_latency_seconds_count", scenario="a") == 6  # 3 gaps x 2
     assert exp.value("soakd_inter_token_latency_seconds_bucket", scenario="a", le="0.005") == 6
     assert exp.value("soakd_inter_token_latency_seconds_sum", scenario="a") == pytest.approx(0.030)
-    assert exp.value("soakd_request_duration_seconds_count", scenario="b") == 0  # failures are not latency
+    assert exp.value("soakd_request_duration_seconds_count", scenario="b") == 0  # failures, impaired: no latency
+    assert exp.value("soakd_time_to_first_token_seconds_count", scenario="b") == 0
+    assert exp.value("soakd_requests_impaired_total", scenario="b") == 3
+    assert exp.value("soakd_requests_impaired_total", scenario="a") == 0
+    assert exp.value("soakd_requests_total", scenario="b", outcome="ok") == 2  # counted as requests all the same
     assert exp.value("soakd_target_up") == 0  # the timeout without a status said the target is gone
     assert exp.value("soakd_requests_in_flight") == 0
     assert exp.value("soakd_build_info", version="9.9") == 1
-    assert rec_.measured == 4 and rec_.sent == 5
+    assert rec_.measured == 7 and rec_.sent == 8
 
 
 def test_every_catalogued_core_metric_is_exported() -> None:
