@@ -63,7 +63,7 @@ def run(seed: int, new: bool, period: tuple[float, float], gc: float, leak: floa
     ws, cfg = windows(pts), cfg or LeakConfig()
     live_cfg = cfg.model_copy(update={"confidence": live_confidence(cfg, n) if new else cfg.confidence})
     page = next((k - 1 for k in range(cfg.min_windows, n + 1)
-                 if evaluate_memory(ws[:k], "device_memory", live_cfg).suspected), None)
+                 if evaluate_memory(ws[:k], "device_memory", live_cfg, live=new).suspected), None)
     return page, evaluate_memory(ws, "device_memory", cfg).suspected
 
 

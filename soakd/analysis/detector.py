@@ -227,7 +227,7 @@ class LeakDetector(_Quiet):
 
     def add(self, w: Window, ctx: WindowContext) -> None:
         before = self.leaks
-        leaks = leak_mod.evaluate(ctx.full, self.live_cfg)
+        leaks = leak_mod.evaluate(ctx.full, self.live_cfg, live=True)
         for lk in leaks:
             if lk.suspected and lk.source not in self.paged:
                 self.paged[lk.source] = (None if ctx.partial else w.window, lk)

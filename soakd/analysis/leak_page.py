@@ -51,7 +51,8 @@ def withdrawn_finding(window: int | None, paged: leak_mod.LeakResult, last: leak
                 f"run's last judgement ({rate(last.growth_per_hour)}, {last.pattern or last.status}): "
                 f"{last.message()}",
         evidence={"source": paged.source, "paged_window": window, "withdrawn_growth_per_hour": paged.growth_per_hour,
-                  "withdrawn_ci": list(paged.ci) if paged.ci else None, "growth_per_hour": last.growth_per_hour,
+                  "withdrawn_ci": list(paged.ci) if paged.ci else None, "withdrawn_interval": paged.interval,
+                  "growth_per_hour": last.growth_per_hour,
                   "ci": list(last.ci) if last.ci else None, "unit": paged.unit, "pattern": last.pattern,
                   "n_windows": last.n_windows, "fails": False},
     )  # fmt: skip

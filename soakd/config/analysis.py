@@ -190,14 +190,20 @@ class LeakConfig(_Model):
         description="Idle KV-cache residue (idle usage minus the first idle value) tolerated at the last "
         "quiesce probe, when it grows significantly from probe to probe.",
     )
-    confidence: float = Field(0.95, gt=0.5, lt=1, description="Confidence of Sen's slope interval.")
+    confidence: float = Field(
+        0.95, gt=0.5, lt=1,
+        description="Confidence of the run's last leak judgement (Sen's slope interval); the judgement after each "
+        "window uses live_confidence.",
+    )
     live_confidence: float | None = Field(
         None,
         gt=0.5,
         lt=1,
         description="Confidence of the judgement after each window (what soakd_memory_leak_suspected and its page "
         "show): it is made at every window, so null (the default) spreads 1 - confidence over the run's planned "
-        "judgements (Bonferroni: planned windows - min_windows + 1); the run's last judgement uses confidence.",
+        "judgements (Bonferroni: planned windows - min_windows + 1); the run's last judgement uses confidence. "
+        "Where a dozen readings cannot give Sen's interval this confidence, a steady climb is judged by least "
+        "squares' interval (docs/analysis.md#the-leak-page).",
     )
     exhaustion_budget_hours: float = Field(
         168.0,
@@ -217,8 +223,8 @@ class LeakConfig(_Model):
         lt=1,
         description="The judged (sustained) part of a memory series starts at this share of it (or after its last "
         "step): what comes before is taken for warm-up. Lower finds a leak sooner and takes a longer warm-up for a "
-        "leak (with one 50 MiB-noisy probe a 30-min window, a 50 MB/h leak is paged by hour 8 in 93% at 1/3, 100% "
-        "at 1/6; a 1 GiB warm-up over 3 h is paged in 3% and 97%: docs/verdict-quality.md).",
+        "leak (with one 50 MiB-noisy probe a 30-min window, a 50 MB/h leak is paged by hour 8 in 90% at 1/3, 100% "
+        "at 1/6; a 1 GiB warm-up over 3 h is paged in 3% and 95%: docs/verdict-quality.md).",
     )
     step_bytes: Bytes = Field(
         64 * 2**20,

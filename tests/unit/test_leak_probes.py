@@ -13,6 +13,7 @@ from helpers import benchmark
 from soakd.analysis.detector import LeakDetector
 from soakd.analysis.engine import Analyzer
 from soakd.analysis.leak import evaluate_memory
+from soakd.analysis.theilsen import least_squares
 from soakd.config import AnalysisConfig
 from soakd.config.analysis import LeakConfig, QuiesceConfig
 from soakd.core.summary import WindowSummary
@@ -137,6 +138,8 @@ def test_a_leak_page_the_end_withdraws_is_a_warning_in_the_verdict() -> None:
     assert w.severity == "warning" and not w.fails and w.window is None
     assert w.evidence["paged_window"] == paged[0].window
     assert 100 * MIB < w.evidence["withdrawn_growth_per_hour"] < 200 * MIB
+    # paged at window 12 on 13 probes: judged by least squares, said with the rate it was paged at
+    assert paged[0].evidence["interval"] == w.evidence["withdrawn_interval"] == "least squares"
     assert abs(w.evidence["growth_per_hour"]) < 20 * MIB
     assert not a.leaks["device_memory"].suspected and a.leaks["device_memory"].pattern == "ramp then flat"
     assert v.result != "FAIL" and not v.reasons and v.notes == [w]  # (INCONCLUSIVE: these windows carry no requests)
@@ -200,22 +203,39 @@ def test_a_leak_under_noisy_probes_is_paged_by_hour_8_through_least_squares() ->
                                  + QuiesceConfig().settle)
     pts = [(t, leak * t / 3600.0 + rng.gauss(0.0, noise)) for t in sched.times(1800.0 * 24)]
     live = LeakDetector(AnalysisConfig(), planned_windows=24).live_cfg
-    r = evaluate_memory(_windows(pts)[:17], "device_memory", live)
+    r = evaluate_memory(_windows(pts)[:17], "device_memory", live, live=True)
     assert r.suspected and r.interval == "least squares" and r.ci is not None and r.ci[0] > 0, r
     assert "least squares" in r.message() and r.to_dict()["interval"] == "least squares"
 
 
-def test_the_last_judgement_stays_sens_and_an_outlier_does_not_page_live() -> None:
-    """At 95% (the run's last judgement, one look) Sen's interval alone judges: a climb of 24 MiB/h under
-    50 MiB of noise whose least-squares 95% interval clears 0 and Sen's does not is not suspected. Live,
-    one reading 400 MiB high at the end of flat memory moves the least-squares slope and widens its
-    interval as much: not paged."""
+def _judged(mem: list[tuple[float, float]]) -> tuple[list[float], list[float]]:
+    """The judged part (from a third on) of probes ``(seconds, MiB)``: hours from the first, bytes."""
+    n = len(mem)
+    return ([(t - mem[0][0]) / 3600.0 for t, _ in mem[n // 3:]],
+            [40 * GIB + v * MIB for _, v in mem[n // 3:]])
+
+
+def test_least_squares_pages_neither_allocator_increments_nor_a_climb_too_slow_to_matter() -> None:
+    """Live, least squares judges only a climb without jumps whose lower bound grows ``step_bytes`` (64 MiB)
+    over ``horizon_hours`` (24 h). Three increments of 33-55 MiB (each below ``step_bytes``: no one-off step)
+    in memory flat to the MiB, and a climb of 2 MiB/h under 3 MiB of noise: least squares' interval clears 0
+    for both, neither is paged (Sen's interval does not clear 0 at the live confidence). At 95% (the run's
+    last judgement, one look) Sen's interval alone judges: a climb whose least-squares 95% interval clears 0
+    and Sen's does not is not suspected."""
+    live = LeakDetector(AnalysisConfig(), planned_windows=24).live_cfg
+    steps = [0, 0, -2, 0, -1, 1, 0, -2, 33, 88, 86, 130, 130, 131, 130, 130, 132, 129]
+    slow_rng = random.Random(5)
+    slow = [1.0 * i + slow_rng.gauss(0, 3) for i in range(18)]
+    for values in (steps, slow):
+        mem = [(1800.0 * i + 900.0, float(v)) for i, v in enumerate(values)]
+        ls = least_squares(*_judged(mem), live.confidence)
+        assert ls is not None and ls[1] > 0
+        r = evaluate_memory(_windows(mem), "device_memory", live, live=True)
+        assert not r.suspected and r.interval == "rank", r.message()
+    assert least_squares(*_judged([(1800.0 * i + 900.0, v) for i, v in enumerate(slow)]),
+                         live.confidence)[1] * 24 < 64 * MIB  # the slow one: too slow to matter
     rng = random.Random(8)
     climb = [(1800.0 * i + 900.0, 12.0 * i + rng.gauss(0, 50)) for i in range(14)]
     r = evaluate_memory(_windows(climb), "device_memory")
     assert not r.suspected and r.interval == "rank" and r.ci is not None and r.ci[0] < 0, r.message()
-    live = LeakDetector(AnalysisConfig(), planned_windows=24).live_cfg
-    rng = random.Random(2)
-    flat = [(1800.0 * i + 900.0, rng.gauss(0, 10)) for i in range(16)] + [(1800.0 * 16 + 900.0, 400.0)]
-    r = evaluate_memory(_windows(flat), "device_memory", live)
-    assert not r.suspected, r.message()
+    assert least_squares(*_judged(climb), 0.95)[1] > 0
