@@ -453,8 +453,14 @@ def _check_interval(va: Scrape, vb: Scrape, sa: Scrape, sb: Scrape, min_ok: int)
     # soakd's mean is 30-75 ms above vLLM's; 1 ms below is allowed
     for ref in (e2e["vllm_mean_ms"], e2e["vllm_http_chat_mean_ms"]):
         assert ref - 1.0 <= e2e["soakd_mean_ms"] <= ref * 10 + 1000.0, e2e
-    # plausible: a 2-layer model on a CPU, ~2 ms a step
-    assert 0.0002 < out["itl"]["soakd_mean_ms"] / 1e3 < 0.05, out["itl"]
+    # plausible: a 2-layer model on a CPU, ~2 ms a step. The gaps soakd measures between a request's chunks lie
+    # inside the request: their total is at most the requests' (a unit error breaks it). How far below vLLM's
+    # ITL they read depends on how the API server's chunks reach the client: beside two CPU-bound processes it
+    # sent tokens in bursts that arrive in one read (soakd's mean gap 0.134 ms against vLLM's 1.29 ms), so the
+    # mean is only bounded below by zero
+    itl = out["itl"]
+    assert 0.0 < itl["soakd_mean_ms"] / 1e3 < 0.05, itl
+    assert itl["soakd_mean_ms"] * itl["soakd_count"] <= e2e["soakd_mean_ms"] * e2e["soakd_count"], out
     assert 0.001 < out["ttft"]["soakd_mean_ms"] / 1e3 < 1.0 and 0.005 < out["e2e"]["soakd_mean_ms"] / 1e3 < 5.0
     t = out["tokens"]
     # soakd's token counters are the server's usage blocks: the same numbers
