@@ -395,7 +395,7 @@ def _few_readings(xs: list[float], ys: list[float], fit: Fit,
     * its lower bound, over ``horizon_hours``, is at least ``step_bytes``: a climb worth a page.
 
     Why: Sen's two-sided interval at 0.9974 needs Kendall's S of 46 of the 66 pairs of 12 readings, which
-    a 50 MB/h leak under 50 MiB of probe noise (5.7 standard errors at hour 8) reached by then in 72% of
+    a 50 MB/h leak under 50 MiB of probe noise (5.7 standard errors at hour 8) reached by then in 71% of
     runs; least squares reaches it from the readings' spread. Without the last two conditions one to three
     +2..40 MiB increments in memory flat to the MiB paged live in 73-74% of runs, and noise of 10 MiB with
     no leak in 2% (200 seeded series each; Sen's interval alone: 0-17% and 0.5%, with them: 0-17.5% and

@@ -18,8 +18,8 @@ small heap): if it overlapped a lag beyond the bound it is impaired: counted, it
 the window's statistics (``soakd.analysis.settle``). A beat's settled requests go into each window as one
 batch, flushed at the beat (or at ``close_due``, or by ``flush()``). The bound is
 ``analysis.client.request_max_lag``, or ``request_lag_relative`` times the run's own p90 heartbeat lag when
-that is more (a lag that recurs all run long moves every window alike). Without a heartbeat (simulations, tests on a manual clock) a
-request settles at once.
+that is more (a lag that recurs all run long moves every window alike). Without a heartbeat (simulations,
+tests on a manual clock) a request settles at once.
 """
 
 from __future__ import annotations
