@@ -133,6 +133,10 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     MetricSpec("soakd_late_sends_total", "counter",
                "Open loop: sends that left more than 10 ms after their scheduled time (max_in_flight "
                "reached or the process fell behind)."),
+    MetricSpec("soakd_records_lost_total", "counter",
+               "Requests a load worker reported after their window had closed (load.workers > 1, a worker held up "
+               "beyond every hold): counted in the run, in no window. Above 0, the windows hold fewer requests "
+               "than were sent."),
     MetricSpec("soakd_target_up", "gauge",
                "1 while the target answers (last request reached it, or /v1/models answered), else 0."),
     MetricSpec("soakd_engine_wedged", "gauge",
@@ -576,6 +580,7 @@ class SoakMetrics:
         self.requests_impaired = LabeledCounter(S["soakd_requests_impaired_total"])
         self.warmup_requests = LabeledCounter(S["soakd_warmup_requests_total"])
         self.late_sends = LabeledCounter(S["soakd_late_sends_total"])
+        self.records_lost = LabeledCounter(S["soakd_records_lost_total"])
         self.windows_closed = LabeledCounter(S["soakd_windows_closed_total"])
         self.e2e = LabeledHistogram(S["soakd_request_duration_seconds"])
         self.ttft = LabeledHistogram(S["soakd_time_to_first_token_seconds"])
@@ -604,12 +609,14 @@ class SoakMetrics:
         for outcome in OUTCOMES:
             self.warmup_requests.init(outcome)
         self.late_sends.init()
+        self.records_lost.init()
         self.windows_closed.init()
 
     def _client_families(self) -> Iterator[Metric]:
         """The target's own series: requests, latency histograms, tokens, in flight, up."""
         for counter in (self.requests, self.failures, self.prompt_tokens, self.completion_tokens,
-                        self.usage_missing, self.warmup_requests, self.late_sends, self.windows_closed,
+                        self.usage_missing, self.warmup_requests, self.late_sends, self.records_lost,
+                        self.windows_closed,
                         self.requests_impaired):
             yield counter.family()
         for hist in (self.e2e, self.ttft, self.itl):

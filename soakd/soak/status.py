@@ -201,6 +201,7 @@ class StatusBoard:
                 "current_window": compact(current) if current else None,
                 "closed_windows": [compact(w) for w in closed[-5:]],
                 "windows_closed": ld.windows.closed_count,
+                "records_lost": ld.windows.lost_records,
                 "prompt_length_accuracy": rec.prompt_length_accuracy(),
                 "last_error": rec.last_error or None,
             }

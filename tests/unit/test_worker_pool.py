@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from soakd.config import ConfigError, load_config
 from soakd.core.records import RequestRecord
@@ -219,6 +220,30 @@ def test_a_request_reported_after_its_window_closed_opens_no_window_again() -> N
     ws.finished(late)
     assert ws.lost_records == 1 and 0 not in ws.open
     assert [w.window for w in ws.close_due(20.5)] == [1]  # window 0 never comes out a second time
+
+
+def test_requests_a_worker_reports_after_their_window_closed_are_counted_on_metrics_and_status() -> None:
+    """Through the parent's pool: a worker's batch whose two requests were sent in a window that has closed
+    since (the worker held up beyond every hold) puts them in no window, and ``soakd_records_lost_total``
+    says 2 (the log line comes once), as does the ledger /status reads."""
+    clock = ManualClock(0.0)
+    ws = WindowSet(Timeline(0.0, 0.0, 10.0, 100.0), clock=clock)
+    metrics = SoakMetrics(("short_chat",), "t")
+    recorder = Recorder(metrics, ws, clock)
+    assert [w.window for w in ws.close_due(10.5)] == [0]
+    fwd = Forwarder(LagLedger(0.1, 0.0))
+    for t in (1.0, 9.9):
+        fwd.started(_rec(0, t, 1, [2]))
+    batch = fwd.batch(_Driver(), True)
+    pool = WorkerPool(1, {}, None, clock=clock)
+    pool.recorder = recorder
+    wk = _Worker(0, None, None)  # type: ignore[arg-type]
+    pool.workers = [wk]
+    pool._apply(wk, batch)
+    assert metrics.records_lost.get() == 2 and ws.lost_records == 2 and 0 not in ws.open
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(metrics.collector())
+    assert 'soakd_records_lost_total{target="main"} 2.0' in generate_latest(registry).decode()
 
 
 def test_the_pool_is_stopping_once_the_load_is_over() -> None:
