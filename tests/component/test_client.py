@@ -17,7 +17,7 @@ from soakd.core.records import Outcome, RequestRecord
 from soakd.config import TargetConfig
 from soakd.sim import count_chat_tokens, count_tokens
 from soakd.config.sim import SimFaults
-from helpers import FAST_SIM, free_port, serving, sim_server, wait_until
+from helpers import FAST_SIM, LoopLag, free_port, serving, sim_server, wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -50,14 +50,15 @@ async def execute(url: str, body: dict[str, Any], endpoint: str = "chat", api_ke
 
 
 async def test_streaming_timings_match_the_simulator() -> None:
-    """Simulator truth: TTFT 50 ms, 5 ms per further token, no jitter, 64 tokens.
+    """Simulator truth: TTFT 50 ms, 5 ms per further token, no jitter, 64 tokens, on absolute deadlines from
+    when the request arrived (lateness does not add up).
 
-    Tolerances (loopback): client TTFT >= 50 ms always (the client starts its clock before the
-    server does) and its median over 5 requests <= 50 + 15 ms; mean inter-token gap within
-    5 ms +- 0.5 ms; e2e - TTFT = (n - 1) x 5 ms +- 10 ms (the simulator emits the first token at
-    TTFT and each further one 5 ms later, on absolute deadlines, so lateness does not add up)."""
+    Every token the client times is at or after its schedule from the client's own start (the client starts
+    its clock before the server does), and late by at most 15 ms (loopback, connection set-up) plus what
+    this process's loop was held up (``LoopLag``: on a busy machine a token due during a stall is read with
+    the ones after it); the median TTFT over 5 requests <= 50 + 15 ms, on the same terms."""
     n = 64
-    async with sim_server(**TRUTH) as sim:
+    async with sim_server(**TRUTH) as sim, LoopLag() as lag:
         client = OpenAIClient(TargetConfig(url=sim.base_url))
         recs = []
         try:
@@ -71,10 +72,9 @@ async def test_streaming_timings_match_the_simulator() -> None:
         assert rec.ok, rec
         assert rec.ttft_seconds is not None and rec.ttft_seconds >= 0.050
         assert len(rec.token_times_ns) == n  # one content event per token
-        gaps = rec.gaps_seconds()
-        assert abs(statistics.fmean(gaps) - 0.005) <= 0.0005, statistics.fmean(gaps)
-        assert abs((rec.e2e_seconds - rec.ttft_seconds) - (n - 1) * 0.005) <= 0.010
-    assert statistics.median(r.ttft_seconds for r in recs) <= 0.050 + 0.015
+        late = [(t - rec.t_start_ns) / 1e9 - (0.050 + i * 0.005) for i, t in enumerate(rec.token_times_ns)]
+        assert all(-0.0005 <= x <= 0.015 + lag.stalled for x in late), (max(late), min(late), lag.stalled)
+    assert statistics.median(r.ttft_seconds for r in recs) <= 0.050 + 0.015 + lag.stalled
 
 
 async def test_usage_is_parsed_from_the_stream() -> None:

@@ -38,6 +38,35 @@ QUICK_SIM: dict[str, Any] = {
 }
 
 
+class LoopLag:
+    """How long this process's event loop was held up while the block ran: ``stalled`` is the sum of the lateness
+    of a 2 ms timer beyond 1 ms (a descheduled process or a blocked loop), an upper bound on how much later than
+    its schedule any single time read inside the block can be."""
+
+    PERIOD = 0.002
+
+    def __init__(self) -> None:
+        self.stalled = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            t = loop.time()
+            await asyncio.sleep(self.PERIOD)
+            self.stalled += max(0.0, loop.time() - t - self.PERIOD - 0.001)
+
+    async def __aenter__(self) -> LoopLag:
+        self._task = asyncio.create_task(self._watch())
+        await asyncio.sleep(0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+
 def free_port() -> int:
     """A loopback port that was free a moment ago (for 'the target is not up yet')."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
