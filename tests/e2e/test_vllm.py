@@ -200,8 +200,9 @@ def kv_comparison(soakd_scrapes: list[Scrape], vllm_scrapes: list[Scrape]) -> di
     the test polls it every 0.25 s, so single readings rarely coincide (a short request holds its
     blocks for ~100 ms, between two polls). Compared: (1) each soakd value is a whole number of
     vLLM's KV blocks (the raw gauge, not rescaled); (2) most soakd values lie within the range
-    vLLM showed within ±1 s; (3) soakd saw KV in use; (4) the means over the interval
-    agree. Idle is checked exactly by the quiesce probes (see _check_run)."""
+    vLLM showed within ±1 s; (3) soakd saw KV in use, wherever vLLM's own gauge was in use often enough
+    that soakd's samples could not all miss it; (4) the means over the interval agree. Idle is checked
+    exactly by the quiesce probes (see _check_run)."""
     v_times = [s.t for s in vllm_scrapes]
     v_vals = [s.value("vllm:kv_cache_usage_perc") for s in vllm_scrapes]
     seen: dict[float, float] = {}
@@ -233,6 +234,7 @@ def kv_comparison(soakd_scrapes: list[Scrape], vllm_scrapes: list[Scrape]) -> di
         "vllm_mean": statistics.fmean(v_in) if v_in else None,
         "soakd_max": max((kv for kv, _, _ in matched), default=None), "vllm_max": max(v_in, default=None),
         "nonzero_samples": sum(1 for kv, _, _ in matched if kv > 0),
+        "vllm_nonzero_share": sum(1 for v in v_in if v > 0) / len(v_in) if v_in else 0.0,
     }  # fmt: skip
 
 
@@ -292,7 +294,7 @@ async def test_soak_outage_and_recovery(vllm: VllmServer, tmp_path: Path) -> Non
             # many of them find requests running depends on the load the machine lets both sides keep
             # (seen: 2 of 74 while another test run loaded it, soakd's mean 0.0018 against vLLM's
             # 0.0019): one nonzero reading, the block grid and the matching means are the evidence.
-            _check_kv(kv, min_matched=max(15, int((sb.t - sa.t) / 4)), min_nonzero=1)
+            _check_kv(kv, min_matched=max(15, int((sb.t - sa.t) / 4)))
 
             # ---- outage: stop vLLM mid-soak
             conn_before = outcome_total(sb, "connection_error")
@@ -355,7 +357,7 @@ async def test_soak_outage_and_recovery(vllm: VllmServer, tmp_path: Path) -> Non
                                                              v_poll.between(sc.t - 2, sd.t + 2))  # fmt: skip
             # the same evidence rule as before the outage (one matched reading per 4 s), on what is left of
             # the soak after the restart: vLLM's stop (up to 30 s) and restart (67 s seen) can leave 35 s
-            _check_kv(kv, min_matched=max(8, int((sd.t - sc.t) / 4)), min_nonzero=1)
+            _check_kv(kv, min_matched=max(8, int((sd.t - sc.t) / 4)), earlier=numbers["kv"])
             # greedy, idle, same weights: the canary's output survives the restart
             assert canary["mismatches"] == 0 and canary["checks"] - canary["errors"] >= 5, canary
             left = t_load + duration - time.time()
@@ -469,12 +471,25 @@ def _check_interval(va: Scrape, vb: Scrape, sa: Scrape, sb: Scrape, min_ok: int)
     return out
 
 
-def _check_kv(kv: dict[str, Any], min_matched: int, min_nonzero: int) -> None:
+def _check_kv(kv: dict[str, Any], min_matched: int, earlier: dict[str, Any] | None = None) -> None:
+    """The comparison's rules (see kv_comparison). "soakd saw KV in use" is asserted over this interval and
+    ``earlier`` together, where vLLM's gauge was non-zero often enough that soakd's matched samples would all
+    miss it with a chance below 0.1% (its share of non-zero polls, p: (1 - p) ** samples). vLLM's gauge follows
+    its engine steps: on this CPU it read non-zero in a few percent of the polls (a request holds its blocks
+    for ~100 ms): once, beside two busy processes, all 45 samples after the restart read 0 while vLLM's own
+    polls averaged 0.0015 against a maximum of 0.094 (non-zero in a few percent of them), and before the
+    outage 1 of 54 read more than 0."""
     assert kv["matched"] >= min_matched, kv
     assert not kv["off_block_grid"], f"soakd's KV values are not whole vLLM blocks: {kv}"
-    assert kv["nonzero_samples"] >= min_nonzero and 0.0 < kv["soakd_max"] <= 1.0, f"soakd never saw KV in use: {kv}"
     assert kv["within_vllm_range"] >= 0.7 * kv["matched"], kv
     assert abs(kv["soakd_mean"] - kv["vllm_mean"]) <= 0.01 + 0.5 * kv["vllm_mean"], kv
+    parts = [kv] + ([earlier] if earlier is not None else [])
+    n = sum(p["matched"] for p in parts)
+    share = sum(p["vllm_nonzero_share"] * p["matched"] for p in parts) / n
+    kv["p_all_zero"] = p_miss = (1.0 - share) ** n
+    seen = sum(p["nonzero_samples"] for p in parts)
+    assert seen >= 1 or p_miss > 1e-3, f"soakd never saw KV in use: {parts}"
+    assert 0.0 <= kv["soakd_max"] <= 1.0 and (seen == 0 or max(p["soakd_max"] for p in parts) > 0.0), parts
 
 
 def _check_run(state: Path, log: JsonLog, rc: int, numbers: dict[str, Any]) -> None:
