@@ -118,7 +118,9 @@ async def test_a_broken_stdout_is_said_once_and_the_run_finishes(tmp_path: Path)
 # ---- a target checked at start ---------------------------------------------------------------------
 
 
-async def _run_until_exit(*args: str, timeout: float = 60.0) -> tuple[int, str, str]:
+async def _run_until_exit(*args: str, timeout: float = 150.0) -> tuple[int, str, str]:
+    # a bound on a hang only: at nice 10 beside a loaded test suite (vLLM compiling on both cores) soakd had not
+    # finished its imports after 60 s
     return await run_soakd("run", *args, "--duration", "1h", "--wait-for-target", "2s", "--metrics-port", "0",
                            "--metrics-host", "127.0.0.1", "--log-format", "json", "--nvml", "off", timeout=timeout)
 
