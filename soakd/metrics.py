@@ -134,9 +134,9 @@ CATALOGUE: tuple[MetricSpec, ...] = (
                "Open loop: sends that left more than 10 ms after their scheduled time (max_in_flight "
                "reached or the process fell behind)."),
     MetricSpec("soakd_records_lost_total", "counter",
-               "Requests a load worker reported after their window had closed (load.workers > 1, a worker held up "
-               "beyond every hold): counted in the run, in no window. Above 0, the windows hold fewer requests "
-               "than were sent."),
+               "Requests that started after the window they were scheduled in had closed (scheduled in its last "
+               "instant; with load workers, a start reported after the worker had reported past the window's "
+               "end): counted in the run, in no window."),
     MetricSpec("soakd_target_up", "gauge",
                "1 while the target answers (last request reached it, or /v1/models answered), else 0."),
     MetricSpec("soakd_engine_wedged", "gauge",

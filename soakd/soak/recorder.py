@@ -16,7 +16,7 @@ from soakd.analysis.settle import Settled
 from soakd.core.records import OUTCOMES, Outcome, RequestRecord, bounded_reason
 from soakd.core.timeline import SYSTEM_CLOCK, Clock
 from soakd.metrics import SoakMetrics
-from soakd.soak.windows import WindowSet
+from soakd.soak.windows import LOST, WindowSet
 
 # soakd_target_up goes to 0 on a failed connect, on a response timeout without headers, and on any
 # other connection error (server_disconnected, connection_reset, disconnected) only when the target
@@ -79,6 +79,8 @@ class Recorder:
         self.sent += 1
         self.metrics.in_flight.value = self.in_flight
         self.windows.started(rec)
+        if rec.window == LOST:  # its window had closed already: in the run, in no window
+            self.metrics.records_lost.inc(())
 
     def finished(self, rec: RequestRecord, impaired: bool | None = None) -> None:
         """A finished request; ``impaired``: decided by the load worker that sent it (None: by the window set)."""

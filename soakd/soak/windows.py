@@ -141,7 +141,7 @@ class WindowSet:
         self.open: dict[int, OpenWindow] = {}
         self.last_closed = timeline.first_index - 2  # index of the last window closed
         self.closed_count = 0
-        self.lost_records = 0  # requests reported after their window was closed and dropped (load workers only)
+        self.lost_records = 0  # requests that started after their window was closed and dropped
         self.ended = False  # the final close happened: no window opens or closes after it
         cc = client or ClientConfig()
         self.ledger = LagLedger(cc.request_max_lag, cc.request_lag_relative)
@@ -193,9 +193,11 @@ class WindowSet:
 
     # ---- what comes in
     def started(self, rec: RequestRecord) -> None:
-        """A request sent now (or at its ``t_sent``, set by the load worker that sent it). One reported after its
-        window closed and was dropped (a load worker's report, late beyond every hold) is counted in
-        ``lost_records`` and in no window: a closed window is never opened again."""
+        """A request sent now (or at its ``t_sent``, set by the load worker that sent it). One that starts after the
+        window it was scheduled in closed and was dropped (the open loop picks the window when it schedules the
+        send, the request starts in the task's first step: a close can come in between; with load workers, a
+        worker's batch can report it past the window's end first) is counted in ``lost_records`` and in no window
+        (the recorder counts it in ``soakd_records_lost_total``): a closed window is never opened again."""
         if rec.window not in self.open and self.timeline.first_index <= rec.window <= self.last_closed:
             self.lost_records += 1
             rec.window = LOST

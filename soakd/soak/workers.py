@@ -271,13 +271,11 @@ class WorkerPool:
                 rec.expected_prompt_tokens, rec.max_tokens = expected, max_tokens
                 proxies[n] = rec
                 rec_.started(rec)
-                if rec.window == LOST:
-                    rec_.metrics.records_lost.inc(())
                 if rec.window == LOST and not self._lost_logged:  # reported after its window was gone
                     self._lost_logged = True
                     log.warning("load_worker_records_lost", worker=wk.index,
-                                reason="a worker reported a request after its window had closed: counted in the "
-                                       "run, in no window (soakd_records_lost_total counts every one)")
+                                reason="a worker reported a request that started after its window had closed: "
+                                       "counted in the run, in no window (soakd_records_lost_total counts every one)")
         if progress:
             for n, t0, last in progress:
                 rec = proxies.get(n)

@@ -131,8 +131,8 @@ Regenerated for issue 22 (item 3, logging never blocks): ``soakd_log_dropped_tot
 ``windows.json`` (0) and ``live-shape.json``; nothing else moved (the live shape's telemetry keys
 are now in sorted order, as the generator writes them).
 
-Extended by hand, by keys only (issue 23's load workers): ``soakd_records_lost_total`` (requests a load worker
-reported after their window closed) is new in ``windows.json`` (0) and ``live-shape.json``, and ``/status`` gains
+Extended by hand, by keys only (issue 23's load workers): ``soakd_records_lost_total`` (requests that started
+after the window they were scheduled in had closed) is new in ``windows.json`` (0) and ``live-shape.json``, and ``/status`` gains
 ``records_lost``. Nothing else moved.
 
 1. ``report-*.{json,md}``: ``soakd report`` of the two runs in ``tests/fixtures/state-v2`` (a

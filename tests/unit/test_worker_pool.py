@@ -223,9 +223,9 @@ def test_a_request_reported_after_its_window_closed_opens_no_window_again() -> N
 
 
 def test_requests_a_worker_reports_after_their_window_closed_are_counted_on_metrics_and_status() -> None:
-    """Through the parent's pool: a worker's batch whose two requests were sent in a window that has closed
-    since (the worker held up beyond every hold) puts them in no window, and ``soakd_records_lost_total``
-    says 2 (the log line comes once), as does the ledger /status reads."""
+    """Through the parent's pool: a worker's batch that starts two requests of a window that has closed since
+    (the worker's earlier batch reported past the window's end) puts them in no window, and
+    ``soakd_records_lost_total`` says 2, as does the ledger /status reads."""
     clock = ManualClock(0.0)
     ws = WindowSet(Timeline(0.0, 0.0, 10.0, 100.0), clock=clock)
     metrics = SoakMetrics(("short_chat",), "t")
@@ -244,6 +244,24 @@ def test_requests_a_worker_reports_after_their_window_closed_are_counted_on_metr
     registry = CollectorRegistry(auto_describe=False)
     registry.register(metrics.collector())
     assert 'soakd_records_lost_total{target="main"} 2.0' in generate_latest(registry).decode()
+
+
+def test_a_request_that_starts_after_its_window_closed_is_counted_in_one_process_too() -> None:
+    """The same race without workers: the open loop scheduled a send in window 0's last instant, window 0 closed
+    before the request's task started it: in the run (sent), in no window, counted on /metrics."""
+    clock = ManualClock(0.0)
+    ws = WindowSet(Timeline(0.0, 0.0, 10.0, 100.0), clock=clock)
+    metrics = SoakMetrics(("short_chat",), "t")
+    recorder = Recorder(metrics, ws, clock)
+    assert [w.window for w in ws.close_due(10.5)] == [0]
+    rec = RequestRecord("short_chat")
+    rec.window = 0
+    recorder.started(rec)
+    assert recorder.sent == 1 and metrics.records_lost.get() == 1 and ws.lost_records == 1 and 0 not in ws.open
+    ok = RequestRecord("short_chat")
+    ok.window = 1
+    recorder.started(ok)
+    assert metrics.records_lost.get() == 1 and ws.open[1].in_flight == 1
 
 
 def test_the_pool_is_stopping_once_the_load_is_over() -> None:
