@@ -51,7 +51,7 @@ async def execute(url: str, body: dict[str, Any], endpoint: str = "chat", api_ke
 
 async def test_streaming_timings_match_the_simulator() -> None:
     """Simulator truth: TTFT 50 ms, 5 ms per further token, no jitter, 64 tokens, on absolute deadlines from
-    when the request arrived (lateness does not add up).
+    when the request was admitted (lateness does not add up).
 
     Every token the client times is at or after its schedule from the client's own start (the client starts
     its clock before the server does), and late by at most 15 ms (loopback, connection set-up) plus what

@@ -335,7 +335,7 @@ async def test_stationary_noisy_simulator_is_not_flagged_over_twenty_windows(tmp
         assert final["verdict"]["result"] == "INCONCLUSIVE", final["verdict"]
         assert [f for f in d.analyzer.findings if f.severity != "info"] == [], [f.message for f in d.analyzer.findings]
         assert all(r.status == "insufficient" for r in results if r.reference == "baseline"), results
-        return
+        return  # (not a skip: what a starved soakd must say has been checked; other tests judge the windows)
     pool_last = d.analyzer.pool[-1].window
     assert len(d.analyzer.pool) == d.config.analysis.drift.baseline_windows
     assert not impaired & {p.window for p in d.analyzer.pool}  # never a baseline

@@ -48,11 +48,12 @@ class LoopLag:
     def __init__(self) -> None:
         self.stalled = 0.0
         self._task: asyncio.Task[None] | None = None
+        self._tick = 0.0  # when the timer in progress was set
 
     async def _watch(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            t = loop.time()
+            self._tick = t = loop.time()
             await asyncio.sleep(self.PERIOD)
             self.stalled += max(0.0, loop.time() - t - self.PERIOD - 0.001)
 
@@ -63,6 +64,9 @@ class LoopLag:
 
     async def __aexit__(self, *exc: object) -> None:
         assert self._task is not None
+        # the stall that delayed the block's last read may have ended with the block, before the timer's wake-up
+        # ran (a readable socket's callback runs first): count the timer in progress as far as it is late now
+        self.stalled += max(0.0, asyncio.get_running_loop().time() - self._tick - self.PERIOD - 0.001)
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
 
