@@ -36,7 +36,7 @@ from soakd.sim import (
 )
 from soakd.sim.text import CODE, PROSE, looks_like_code
 
-from helpers import LoopLag
+from helpers import LoopLag, wait_until
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -120,9 +120,8 @@ async def scrape(sim: SimServer, session: aiohttp.ClientSession) -> dict[str, fl
 async def until_running(sim: SimServer, n: int) -> None:
     """Wait until *n* requests run in the simulator and tokens have flowed (on a busy machine that can take a
     while; the test times its faults from here, not from when it sent the requests)."""
-    async with asyncio.timeout(10):
-        while sim.model.running < n or not sim.model.generation_tokens_total:
-            await asyncio.sleep(0.005)
+    await wait_until(lambda: sim.model.running >= n and sim.model.generation_tokens_total > 0, interval=0.005,
+                     what=f"{n} requests running and tokens flowing")
 
 
 # ---------------------------------------------------------------------------- config
@@ -581,9 +580,9 @@ async def test_queueing_beyond_max_batch_and_kv_usage() -> None:
             asyncio.create_task(stream_events(s, sim.base_url + "/completions", body))
             for _ in range(5)
         ]
-        async with asyncio.timeout(10):  # all five in: two running, three waiting (the first round lasts 1.35 s)
-            while sim.model.running < 2 or len(sim.model.waiting) < 3:
-                await asyncio.sleep(0.005)
+        # all five in: two running, three waiting (the first round lasts 1.35 s)
+        await wait_until(lambda: sim.model.running >= 2 and len(sim.model.waiting) >= 3, interval=0.005,
+                         what="two requests running and three waiting")
         busy = await scrape(sim, s)
         results = await asyncio.gather(*tasks)
         idle = await scrape(sim, s)
