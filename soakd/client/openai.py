@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 import aiohttp
+import orjson
 from yarl import URL
 
 from soakd.client.sse import SSEDecoder, SSETooLarge
@@ -33,6 +34,7 @@ from soakd.core.records import Outcome, RequestRecord
 
 _perf_ns = time.perf_counter_ns
 _loads = json.loads
+_orjson_loads = orjson.loads
 
 
 class _Deadline:
@@ -143,8 +145,7 @@ class OpenAIClient:
             self._session = aiohttp.ClientSession(
                 connector=build_connector(self.target, self._pool_size),
                 timeout=self._timeout,
-                headers=self.headers,
-                skip_auto_headers=("User-Agent",),
+                headers=self.headers,  # a User-Agent among them: aiohttp adds its own defaults only where absent
                 auto_decompress=True,
             )
         return self._session
@@ -275,6 +276,7 @@ class OpenAIClient:
         decoder = SSEDecoder()
         feed = decoder.feed_data
         parse = parse_event
+        fast = _orjson_loads
         times = rec.token_times_ns
         parts: list[str] = []
         chat = rec.endpoint == "chat"
@@ -309,12 +311,15 @@ class OpenAIClient:
                     done = True
                     break
                 try:
-                    obj = parse(data)
-                except (ValueError, RecursionError) as exc:  # RecursionError: nested past the parser's depth
-                    rec.t_end_ns = now
-                    reason = "invalid_utf8" if isinstance(exc, UnicodeDecodeError) else "malformed_chunk"
-                    rec.fail(Outcome.INVALID_RESPONSE, reason, f"{exc}: {data[:120]!r}")
-                    return
+                    obj = fast(data)  # orjson directly: one call less per event than parse_event
+                except (ValueError, RecursionError):
+                    try:  # what orjson refuses: parse_event's answer (json.loads accepts NaN, ...) and its error
+                        obj = parse(data)
+                    except (ValueError, RecursionError) as exc:  # RecursionError: nested past the parser's depth
+                        rec.t_end_ns = now
+                        reason = "invalid_utf8" if isinstance(exc, UnicodeDecodeError) else "malformed_chunk"
+                        rec.fail(Outcome.INVALID_RESPONSE, reason, f"{exc}: {data[:120]!r}")
+                        return
                 if type(obj) is not dict:
                     rec.t_end_ns = now
                     rec.fail(Outcome.INVALID_RESPONSE, "malformed_chunk", f"not a JSON object: {data[:120]!r}")

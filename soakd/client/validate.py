@@ -22,11 +22,13 @@ def repeats_at_end(text: str, times: int, max_period_words: int = 8) -> bool:
     else:
         words = text.split()
     n = len(words)
+    last = words[-1] if words else None
     for period in range(1, max_period_words + 1):
         span = period * times
         if n < span:
             break
-        if words[-span:] == words[-period:] * times:
+        # a period repeated ends each repeat with the same word: one comparison rules most periods out
+        if words[-1 - period] == last and words[-span:] == words[-period:] * times:
             return True
     return False
 

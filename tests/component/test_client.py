@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+import soakd
+
 from soakd.client.openai import OpenAIClient
 from soakd.core.records import Outcome, RequestRecord
 from soakd.config import TargetConfig
@@ -308,6 +310,12 @@ async def test_extra_headers_are_sent() -> None:
         rec = await execute(url, chat_body(stream=False), headers={"X-Team": "qa"})
     assert rec.ok and seen.get("X-Team") == "qa"
     assert not rec.usage_from_server and rec.completion_tokens == 2  # fallback: words of the body
+    assert seen.get("User-Agent") == f"soakd/{soakd.__version__}"  # what the server's access log names
+
+    seen.clear()  # a User-Agent among the target's headers (in any case) is the one sent, alone
+    async with serve(handler) as url:
+        rec = await execute(url, chat_body(stream=False), headers={"user-agent": "team-canary/2"})
+    assert rec.ok and seen.get("User-Agent") == "team-canary/2"
 
 
 # ---- wire-format edge cases from a hand-written server ------------------------------------------------
@@ -355,6 +363,9 @@ def delta(text: str) -> bytes:
         ((b'data: {"choices":[{"index":0,"delta":{"content":"\xff\xfe"}}]}\n\n', b"data: [DONE]\n\n"),
          Outcome.INVALID_RESPONSE, "invalid_utf8"),
         ((b"data: [DONE]\n\n",), Outcome.INVALID_RESPONSE, "empty_output"),
+        # what orjson refuses and json.loads takes (NaN): the standard library's answer, as json.loads would give
+        ((delta("Hello"), b'data: {"choices":[{"index":0,"delta":{"content":" world"}}],"x": NaN}\n\n',
+          b"data: [DONE]\n\n"), Outcome.OK, ""),
         ((delta("loop " * 40), b"data: [DONE]\n\n"), Outcome.INVALID_RESPONSE, "degenerate_repetition"),
         # a reasoning model streams reasoning before content: that is the first token too
         ((b'data: {"choices":[{"index":0,"delta":{"reasoning_content":"Let me think"}}]}\n\n', delta(" ok"),

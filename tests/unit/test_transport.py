@@ -120,3 +120,11 @@ async def test_idle_pooled_connections_are_dropped_before_the_servers_close_them
     finally:
         await conn.close()
         await closed.close()
+
+
+def test_request_headers_name_soakd_as_the_user_agent_unless_the_target_names_one() -> None:
+    import soakd
+
+    assert transport.request_headers(TargetConfig(), None)["User-Agent"] == f"soakd/{soakd.__version__}"
+    h = transport.request_headers(TargetConfig(headers={"USER-AGENT": "canary/1"}), None)
+    assert [k for k in h if k.lower() == "user-agent"] == ["USER-AGENT"] and h["USER-AGENT"] == "canary/1"

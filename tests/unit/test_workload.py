@@ -554,3 +554,20 @@ def test_a_shared_prefix_starts_a_completions_prompt_and_is_refused_with_a_trace
     with pytest.raises(ConfigError, match="shared_prefix does not apply to a trace source"):
         load_config(None, {"load": {"mix": {"r": 1}}, "scenarios": {"r": {
             "source": {"type": "trace", "path": "examples/traces/mooncake.jsonl"}, "shared_prefix": {"count": 2}}}})
+
+
+def test_a_corpus_slice_is_its_words_joined() -> None:
+    """A prompt is cut from the corpus's joined text (one slice, not a join per request): the same string as
+    joining the words at the same seeded offset, at every length up to the corpus's, and past it."""
+    corpus = Corpus(3, size=5_000)
+    for seed in range(40):
+        for n in (0, 1, 2, 7, 128, 4_998, 4_999, 5_000, 12_345):
+            want_rng, rng = random.Random(seed), random.Random(seed)
+            k = max(1, n)
+            if k >= corpus.size:
+                want = " ".join((corpus.words * (k // corpus.size + 1))[:k])
+            else:
+                off = want_rng.randrange(0, corpus.size - k)
+                want = " ".join(corpus.words[off:off + k])
+            assert corpus.text(rng, n) == want, (seed, n)
+            assert rng.random() == want_rng.random()  # the same draws: what follows is seeded as before
