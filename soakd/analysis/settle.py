@@ -55,7 +55,7 @@ def settle(w: Any, batch: list[tuple[RequestRecord, bool]]) -> dict[str, Settled
         s = stats[i]
         s.count += 1
         outcome = rec.outcome
-        s.outcomes[outcome.value] += 1
+        s.outcomes[outcome._value_] += 1  # (the enum's .value property costs 5x the attribute)
         ok = outcome is ok_
         if not ok and outcome is not cancelled:
             why = bounded_reason(rec)

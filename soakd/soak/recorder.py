@@ -90,7 +90,7 @@ class Recorder:
         m.in_flight.value = self.in_flight
         self.finished_count += 1
         outcome = rec.outcome
-        ov = outcome.value
+        ov = outcome._value_  # (not the .value property: every request pays it)
         self.outcomes[ov] += 1
         if outcome is Outcome.CONNECTION_ERROR:
             if rec.reason == "connect_failed" or self._last_answer_ns is None or \

@@ -124,6 +124,17 @@ def test_two_load_workers_through_the_benchmark(cc: ModuleType) -> None:
     assert errors["matched"] == len(run.trace) > 0 and errors["ttft"]["min"] > 0
 
 
+@pytest.mark.slow
+def test_soakd_and_the_bare_client_at_once_on_one_cpu(cc: ModuleType) -> None:
+    """The same-CPU round: soakd and the bare uvloop client drive load at once; each one's completed requests per
+    second of its own CPU time, over the time both drove load."""
+    with cc.ServerProcess() as srv:
+        r = cc.run_same_cpu(srv.url, concurrency=4, duration=2.0)
+    assert "note" not in r, r
+    assert r["soakd"] > 0 and r["bare-uv"] > 0 and r["ratio"] == pytest.approx(r["soakd"] / r["bare-uv"])
+    assert 0 < r["seconds"] <= 2.0
+
+
 def test_report_and_verdict(cc: ModuleType) -> None:
     cap = {"bare": {"requests_per_second": 1000.0, "cpu_percent": 99.0, "server_cpu_percent": 5.0, "runs": [1000.0],
                     "cpu_runs": [99.0], "errors": 0, "notes": []},
@@ -138,6 +149,12 @@ def test_report_and_verdict(cc: ModuleType) -> None:
            "config": {"concurrency": 64, "repeats": 1, "duration": 1.0, "timing_repeats": 1, "ttft": 0.05, "itl": 0.005}}
     text = cc.report(res)
     assert "1.20x" in text and "overall: PASS" in text and "less than 90% of a core" in text
+    cap_uv = {**cap, "bare-uv": {**cap["bare"], "requests_per_second": 1100.0}}
+    v = cc.verdict(cap_uv, timing, vllm_measured=False, same={"ratio": 0.97})
+    both = [c for c in v["checks"] if c["check"] == "soakd >= the bare uvloop + orjson client"]
+    assert [(c["basis"], c["pass"]) for c in both] == [("req/s, one after the other", True),
+                                                     ("requests per CPU-second, at once on one CPU", False)]
+    assert "[requests per CPU-second, at once on one CPU]" in cc.report({**res, "verdict": v}) and not v["pass"]
     scale = {"tokens": 256, "workers": 2,
              "capacity": {"1": {"tokens_per_second": 200_000.0, "requests_per_second": 781.0, "cpu_percent": 100.0,
                                 "runs": [200_000.0], "errors": 0, "notes": []},
