@@ -27,7 +27,7 @@ import orjson
 from yarl import URL
 
 from soakd.client.sse import SSEDecoder, SSETooLarge
-from soakd.client.transport import StampedResponseHandler, build_connector, encode_body, parse_event, request_headers
+from soakd.client.transport import StampedResponseHandler, build_connector, encode_body, request_headers
 from soakd.client.validate import check_output, check_structure
 from soakd.config import TargetConfig
 from soakd.core.records import Outcome, RequestRecord
@@ -275,7 +275,7 @@ class OpenAIClient:
     ) -> None:
         decoder = SSEDecoder()
         feed = decoder.feed_data
-        parse = parse_event
+        parse = _loads  # parse_event's fallback (orjson is tried first, below)
         fast = _orjson_loads
         times = rec.token_times_ns
         parts: list[str] = []
@@ -313,7 +313,7 @@ class OpenAIClient:
                 try:
                     obj = fast(data)  # orjson directly: one call less per event than parse_event
                 except (ValueError, RecursionError):
-                    try:  # what orjson refuses: parse_event's answer (json.loads accepts NaN, ...) and its error
+                    try:  # what orjson refuses: json.loads's answer, as parse_event gives (NaN, ...) and its error
                         obj = parse(data)
                     except (ValueError, RecursionError) as exc:  # RecursionError: nested past the parser's depth
                         rec.t_end_ns = now
