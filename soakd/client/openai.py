@@ -37,27 +37,83 @@ _loads = json.loads
 _orjson_loads = orjson.loads
 
 
+TICK = 0.05  # seconds: a request's deadline fires within this after it passes
+
+
+class _Wheel:
+    """The deadlines of one event loop's requests in flight, in slots of ``TICK`` seconds, under one timer (armed
+    for the earliest slot): a request adds itself to a set and takes itself out, instead of arming and cancelling a
+    timer of its own (uvloop's ``call_at`` and ``cancel``: 2.3 µs a request, more than the rest of its deadline)."""
+
+    __slots__ = ("loop", "slots", "handle", "at")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.slots: dict[int, set[_Deadline]] = {}
+        self.handle: asyncio.TimerHandle | None = None
+        self.at = 0  # the slot the timer is armed for
+
+    def add(self, dl: "_Deadline", when: float) -> None:
+        k = int(when / TICK) + 1  # the first slot boundary after ``when``
+        s = self.slots.get(k)
+        if s is None:
+            s = self.slots[k] = set()
+        s.add(dl)
+        dl.slot = k
+        if self.handle is None or k < self.at:
+            self._arm(k)
+
+    def remove(self, dl: "_Deadline") -> None:
+        k = dl.slot
+        dl.slot = None
+        s = self.slots.get(k)  # type: ignore[arg-type]
+        if s is not None:
+            s.discard(dl)
+            if not s:
+                del self.slots[k]  # type: ignore[arg-type]
+
+    def _arm(self, k: int) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+        self.at = k
+        self.handle = self.loop.call_at(k * TICK, self._tick)
+
+    def _tick(self) -> None:
+        self.handle = None
+        now = self.loop.time() + 0.001  # a timer may run a clock tick early: not a reason to arm it again at once
+        for k in sorted(k for k in self.slots if k * TICK <= now):
+            for dl in self.slots.pop(k, ()):
+                dl.slot = None
+                dl.fire()  # expires it, or adds it again for its later deadline (which may arm the timer)
+        if self.slots:
+            k = min(self.slots)  # a deadline added again above may have armed the timer past an earlier slot
+            if self.handle is None or k < self.at:
+                self._arm(k)
+
+
 class _Deadline:
-    """One request's timeout, as ``asyncio.timeout_at`` but cheap to move.
+    """One request's timeout, as ``asyncio.timeout_at`` but cheap to move and to arm.
 
     ``when`` (loop time) is the deadline: the first-token deadline, then, once events flow, the
     idle deadline after the latest one, capped by the total. Once streaming it only moves later,
-    so moving it is a store; the one armed timer, when it fires before ``when``, re-arms for
-    it. It is armed no later than any deadline the request can get (``t0 + min(first, idle)``),
-    so the first event never needs an earlier timer, except after a first-token wait longer
-    than ``idle`` (``streaming()`` re-arms then). One timer per request instead of one per move.
+    so moving it is a store; when its slot of the wheel comes (``_Wheel``: within ``TICK`` after the time it
+    was added for) before ``when``, it is added again for ``when``. It is added no later than any deadline the
+    request can get (``t0 + min(first, idle)``), so the first event never needs an earlier slot, except after a
+    first-token wait longer than ``idle`` (``streaming()`` moves it then).
     """
 
-    __slots__ = ("loop", "when", "armed", "total_at", "idle_s", "handle", "task", "expired", "phase", "_cancelling")
+    __slots__ = ("loop", "wheel", "slot", "when", "armed", "total_at", "idle_s", "task", "expired", "phase",
+                 "_cancelling")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, t0: float, first_s: float, idle_s: float,
-                 total_s: float) -> None:
+                 total_s: float, wheel: _Wheel | None = None) -> None:
         self.loop = loop
+        self.wheel = wheel if wheel is not None else _Wheel(loop)
+        self.slot: int | None = None
         self.total_at = t0 + total_s
         self.idle_s = idle_s
         self.when = min(self.total_at, t0 + first_s)
         self.armed = min(self.when, t0 + idle_s)
-        self.handle: asyncio.TimerHandle | None = None
         self.task: asyncio.Task[Any] | None = None
         self.expired = False
         self.phase = "first_token"  # for naming the timeout that hit: first_token, idle (total: see execute)
@@ -69,13 +125,12 @@ class _Deadline:
             raise RuntimeError("a request deadline must be used inside a task")
         self.task = task
         self._cancelling = task.cancelling()
-        self.handle = self.loop.call_at(self.armed, self._fire)
+        self.wheel.add(self, self.armed)
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if self.handle is not None:
-            self.handle.cancel()
-            self.handle = None
+        if self.slot is not None:
+            self.wheel.remove(self)
         if self.expired:  # as asyncio.Timeout: take back our cancel; only ours becomes TimeoutError
             assert self.task is not None
             if self.task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
@@ -86,17 +141,17 @@ class _Deadline:
         self.phase = "idle"
         when = min(self.total_at, lt + self.idle_s)
         self.when = when
-        if when < self.armed and self.handle is not None:
-            self.handle.cancel()
+        if when < self.armed and self.slot is not None:
+            self.wheel.remove(self)
             self.armed = when
-            self.handle = self.loop.call_at(when, self._fire)
+            self.wheel.add(self, when)
 
-    def _fire(self) -> None:
-        self.handle = None
+    def fire(self) -> None:
+        """Its slot came: expired, or (moved later since) added again for ``when``."""
         when = self.when
-        if self.loop.time() < when - 0.001:  # moved later since armed: wait for the rest
+        if self.loop.time() < when - 0.001:  # moved later since added: wait for the rest
             self.armed = when
-            self.handle = self.loop.call_at(when, self._fire)
+            self.wheel.add(self, when)
             return
         self.expired = True
         assert self.task is not None
@@ -133,6 +188,7 @@ class OpenAIClient:
         self.headers = request_headers(target, api_key)
         self._pool_size = pool_size
         self._session: aiohttp.ClientSession | None = None
+        self._wheel: _Wheel | None = None  # the request deadlines' wheel (of the loop it was made on)
         to = target.timeouts
         self._timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=to.connect, sock_read=None)
         self._first_s = to.first_token
@@ -200,7 +256,10 @@ class OpenAIClient:
         rec.t_start_ns = _perf_ns()
         # One timer per request: first-token deadline, then idle deadline after each event,
         # capped by the total (see _Deadline).
-        dl = _Deadline(loop, loop.time(), self._first_s, self._idle_s, self._total_s)
+        wheel = self._wheel
+        if wheel is None or wheel.loop is not loop:
+            wheel = self._wheel = _Wheel(loop)
+        dl = _Deadline(loop, loop.time(), self._first_s, self._idle_s, self._total_s, wheel)
         try:
             with dl:
                 async with self.session.post(url, data=payload) as resp:
