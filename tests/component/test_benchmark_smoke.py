@@ -153,9 +153,22 @@ def test_report_and_verdict(cc: ModuleType) -> None:
     v = cc.verdict(cap_uv, timing, vllm_measured=False, same={"ratio": 0.97})
     both = [c for c in v["checks"] if c["check"].startswith("soakd >= ") and "uvloop" in c["check"]]
     assert [(c["check"], c["basis"], c["pass"]) for c in both] == [
-        ("soakd >= the bare uvloop + orjson client", "req/s, one after the other", True),
+        ("soakd >= the bare uvloop + orjson client", cc.PAIRED_BASIS, True),
         ("soakd >= bare uvloop + orjson per CPU-s", "requests per CPU-second, at once on one CPU", False)]
     assert "[requests per CPU-second, at once on one CPU]" in cc.report({**res, "verdict": v}) and not v["pass"]
+    # one sitting's rounds: soakd faster in each round, slower median to median (its slowest rounds met the
+    # bare client's fastest): the rounds' ratios judge it, 1.074x, not the medians' 0.991x
+    cap_rounds = {**cap, "bare-uv": {**cap["bare"], "runs": [6123.0, 6170.4, 6188.0, 5413.1, 5898.4],
+                                     "requests_per_second": 6123.0},
+                  "soakd": {**cap["soakd"], "runs": [6576.2, 6673.6, 6031.9, 5955.4, 6067.4],
+                            "requests_per_second": 6067.4}}
+    check = next(c for c in cc.verdict(cap_rounds, timing, vllm_measured=False)["checks"]
+                 if c["check"] == "soakd >= the bare uvloop + orjson client")
+    assert check["value"] == pytest.approx(6576.2 / 6123.0) and check["pass"], check
+    uneven = {**cap_rounds, "soakd": {**cap_rounds["soakd"], "runs": [6576.2, 6673.6]}}  # no pairs: the medians
+    check = next(c for c in cc.verdict(uneven, timing, vllm_measured=False)["checks"]
+                 if c["check"] == "soakd >= the bare uvloop + orjson client")
+    assert check["value"] == pytest.approx(6067.4 / 6123.0) and not check["pass"], check
     scale = {"tokens": 256, "workers": 2,
              "capacity": {"1": {"tokens_per_second": 200_000.0, "requests_per_second": 781.0, "cpu_percent": 100.0,
                                 "runs": [200_000.0], "errors": 0, "notes": []},
