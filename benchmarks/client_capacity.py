@@ -987,12 +987,11 @@ PAIRED_BASIS = "req/s, one after the other: median of the rounds' ratios"
 def paired_ratio(cap: dict[str, Any], a: str, b: str) -> float | None:
     """``a``'s req/s over ``b``'s: the median of the rounds' ratios (each round runs both, one after the other, in
     an order that alternates), so that a machine slower in one round than in another slows both sides of its ratio;
-    the ratio of the two medians where the rounds do not pair up."""
+    None where the rounds do not pair up (the caller takes the ratio of the two medians)."""
     ra, rb = (cap.get(a) or {}).get("runs") or [], (cap.get(b) or {}).get("runs") or []
     if ra and len(ra) == len(rb) and all(x > 0 for x in ra + rb):
         return statistics.median(x / y for x, y in zip(ra, rb))
-    ma, mb = (cap.get(a) or {}).get("requests_per_second"), (cap.get(b) or {}).get("requests_per_second")
-    return ma / mb if ma and mb else None
+    return None
 
 
 def verdict(cap: dict[str, Any], timing: dict[str, Any], vllm_measured: bool,

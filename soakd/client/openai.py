@@ -254,8 +254,8 @@ class OpenAIClient:
         loop = asyncio.get_running_loop()
         rec.wall_start = time.time()
         rec.t_start_ns = _perf_ns()
-        # One timer per request: first-token deadline, then idle deadline after each event,
-        # capped by the total (see _Deadline).
+        # One deadline per request on the loop's wheel: first-token deadline, then idle deadline after each
+        # event, capped by the total (see _Deadline, _Wheel).
         wheel = self._wheel
         if wheel is None or wheel.loop is not loop:
             wheel = self._wheel = _Wheel(loop)
