@@ -24,6 +24,7 @@ __all__ = [
     "PoolCheck",
     "check_pool",
     "detectable",
+    "grown_reference",
     "long_run_extra",
     "noise_floor",
     "page_z",
@@ -35,6 +36,7 @@ SCAN = 3  # the sequential rule's segments: the last 1..SCAN windows
 POOL_Z = 4.0  # a change inside the pool: this many standard errors, and beyond the threshold
 EXCESS_Z = 2.33  # a page: the change beyond the threshold by this many standard errors (one-sided 99%)
 TAU2_BOUND = 0.75  # the between-window noise floor's upper confidence bound in the live rule
+AGREE_Z = 2.0  # a window after the pool joins the reference within the threshold and this many standard errors
 _FAMILY = {"e2e_seconds": "e2e", "ttft_seconds": "ttft", "itl_seconds": "itl"}
 
 
@@ -225,6 +227,27 @@ def scan(metric: str, post: list[Level], reference: list[Level], tau2: float, ex
         return Scan(0, 1, first[0], first[1], first[0], first[1])
     side, L, d, se = hit
     return Scan(side, L, d, se, first[0], first[1])
+
+
+def grown_reference(metric: str, reference: list[Level], after: list[Level], tau2: float, extra: float,
+                    cfg: DriftConfig, agree_z: float = AGREE_Z) -> list[Level]:
+    """The reference and the windows of ``after`` that agree with it: each one's level within the threshold of
+    the reference's mean *and* within ``agree_z`` standard errors of it (its own variance, ``extra``, ``tau2``
+    and the reference's). ``after``: the windows after the reference that are older than the segments the scan
+    tests. A window that disagrees is left out, not the windows after it (load that wandered comes back); a
+    regression's windows disagree and never join, so it cannot hide in the reference. Each window is judged
+    against the checked reference alone, not the grown one: the answer does not depend on the order."""
+    if not reference or not after:
+        return reference
+    d0 = _delta0(metric, cfg)
+    ref_y = sum(lv.y for lv in reference) / len(reference)
+    ref_v = sum(lv.var + extra + tau2 for lv in reference) / len(reference) ** 2
+    out = list(reference)
+    for lv in after:
+        d = lv.y - ref_y
+        if abs(d) <= d0 and abs(d) <= agree_z * math.sqrt(lv.var + extra + tau2 + ref_v):
+            out.append(lv)
+    return out
 
 
 def detectable(metric: str, window_var: float, reference: list[Level], tau2: float, extra: float,

@@ -11,8 +11,9 @@ import pytest
 
 from soakd.analysis.changes import judge_run
 from soakd.analysis.levels import Level
-from soakd.analysis.page import check_pool, detectable, long_run_extra, noise_floor, page_z, scan
-from soakd.config.analysis import DriftConfig
+from soakd.analysis.engine import Analyzer
+from soakd.analysis.page import check_pool, detectable, grown_reference, long_run_extra, noise_floor, page_z, scan
+from soakd.config.analysis import AnalysisConfig, DriftConfig
 from soakd.core.summary import SubWindows, WindowSummary
 
 VAR = 1.6e-4  # e2e p50's variance at 3,000 requests per window (sigma 0.5)
@@ -158,3 +159,42 @@ def test_the_slow_wander_the_sub_windows_show() -> None:
     # a 3-minute memory at sd 10%: a 30-minute mean varies by about 2 * 3 / 30 * 0.01 = 2e-3, of which the
     # one-minute batches see part; the five-minute ones add most of the rest
     assert 3e-4 < wander < 2.5e-3, wander
+
+
+def test_the_reference_grows_with_the_windows_that_agree_with_the_pool() -> None:
+    cfg = DriftConfig()
+    pool = levels([0.0, 0.01, -0.01, 0.0])
+    after = levels([0.0, 0.02, 0.06, -0.02, 0.04, 0.0, 0.10, 0.01])
+    after = [Level(4 + i, lv.y, lv.var, lv.value, lv.n, lv.start_unix) for i, lv in enumerate(after)]
+    grown = grown_reference("e2e_p50", pool, after, 0.0, 0.0, cfg)
+    # +6.2% and +10.5% are beyond the 5% threshold: left out, and the windows after them still join
+    assert [lv.window for lv in grown] == [0, 1, 2, 3, 4, 5, 7, 9, 11]
+    # within the threshold but beyond 2 standard errors (sd 1.26% a window, the pool's 0.63%): +4.1% stays out
+    assert 8 not in [lv.window for lv in grown]
+    # a noisier run (the noise floor) lets the same +4.1% window agree
+    assert 8 in [lv.window for lv in grown_reference("e2e_p50", pool, after, 4e-4, 0.0, cfg)]
+    # throughputs: the same bounds on the log scale; nothing to add: the reference as it was
+    assert grown_reference("e2e_p50", pool, [], 0.0, 0.0, cfg) == pool
+
+
+def _live_reference_n(ys: list[float]) -> list[int]:
+    """The requests behind each window's live e2e p50 reference, through the analysis engine."""
+    cfg = AnalysisConfig(drift=DriftConfig(metrics=["e2e_p50"]))
+    an = Analyzer(cfg, planned_windows=len(ys))
+    out = []
+    for w in _windows(ys):
+        an.add_window(w)
+        r = an.drift_detector.drift.get(("e2e_p50", "baseline"))
+        out.append(r.reference_n if r is not None and r.window == w.window else 0)
+    return out
+
+
+def test_a_regression_after_the_pool_never_joins_the_reference() -> None:
+    rng = random.Random(31)
+    calm = _live_reference_n(noisy(rng, 16))
+    # windows 0-3 the pool; at window w the windows 4..w-3 (older than the scan's three) join
+    assert calm[4:7] == [4 * 3000] * 3 and calm[7:] == [3000 * (w - 2) for w in range(7, 16)], calm
+    # +10% from window 5: no window of it agrees with the pool, the reference stays the pool and window 4 (a
+    # +7% step's windows are within the threshold now and then: one in about fifteen at this noise joins)
+    moved = _live_reference_n(noisy(rng, 16, step_at=5, step=0.10))
+    assert moved[4:7] == [4 * 3000] * 3 and moved[7:] == [5 * 3000] * 9, moved
