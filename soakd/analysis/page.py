@@ -182,6 +182,12 @@ def check_pool(metric: str, pool: list[Level], cfg: DriftConfig, extra: float = 
                      dropped=tuple(ws[i] for i in sorted(gone)), stat=worst)
 
 
+def _reference_mean(reference: list[Level], extra: float, tau2: float) -> tuple[float, float]:
+    """The reference's mean level and that mean's variance (each window's own, ``extra`` and ``tau2``)."""
+    n = len(reference)
+    return sum(lv.y for lv in reference) / n, sum(lv.var + extra + tau2 for lv in reference) / n**2
+
+
 @dataclass(frozen=True)
 class Scan:
     """The sequential rule's answer for one metric at one window."""
@@ -204,8 +210,7 @@ def scan(metric: str, post: list[Level], reference: list[Level], tau2: float, ex
     if not post or not reference:
         return None
     d0 = _delta0(metric, cfg)
-    ref_y = sum(lv.y for lv in reference) / len(reference)
-    ref_v = sum(lv.var + extra + tau2 for lv in reference) / len(reference) ** 2
+    ref_y, ref_v = _reference_mean(reference, extra, tau2)
     first: tuple[float, float] | None = None
     hit: tuple[int, int, float, float] | None = None
     now = post[-1].y - ref_y  # the current window's own change
@@ -240,8 +245,7 @@ def grown_reference(metric: str, reference: list[Level], after: list[Level], tau
     if not reference or not after:
         return reference
     d0 = _delta0(metric, cfg)
-    ref_y = sum(lv.y for lv in reference) / len(reference)
-    ref_v = sum(lv.var + extra + tau2 for lv in reference) / len(reference) ** 2
+    ref_y, ref_v = _reference_mean(reference, extra, tau2)
     out = list(reference)
     for lv in after:
         d = lv.y - ref_y
@@ -254,7 +258,7 @@ def detectable(metric: str, window_var: float, reference: list[Level], tau2: flo
                z: float, cfg: DriftConfig, windows: int = 2, excess_z: float = EXCESS_Z) -> float:
     """The smallest change a page catches within ``windows`` windows about half the time (the segment of
     that many windows just reaching both bounds), on the metric's scale (relative, or absolute)."""
-    ref_v = sum(lv.var + extra + tau2 for lv in reference) / len(reference) ** 2
+    ref_v = _reference_mean(reference, extra, tau2)[1]
     se = math.sqrt((window_var + extra + tau2) / windows + ref_v)
     d = max(_delta0(metric, cfg) + excess_z * se, z * se)
     return d if METRICS[metric].absolute else math.expm1(d)

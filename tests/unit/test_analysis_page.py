@@ -173,7 +173,7 @@ def test_the_reference_grows_with_the_windows_that_agree_with_the_pool() -> None
     assert 8 not in [lv.window for lv in grown]
     # a noisier run (the noise floor) lets the same +4.1% window agree
     assert 8 in [lv.window for lv in grown_reference("e2e_p50", pool, after, 4e-4, 0.0, cfg)]
-    # throughputs: the same bounds on the log scale; nothing to add: the reference as it was
+    # nothing after the pool: the reference as it was
     assert grown_reference("e2e_p50", pool, [], 0.0, 0.0, cfg) == pool
 
 
