@@ -433,8 +433,9 @@ def overview() -> dict[str, Any]:
                    [target(m("soakd_drift_ratio", 'reference="previous"'),
                            "{{metric}}")], w=12, h=9, th=DRIFT_LINES, th_style="dashed",
                    legend_calcs=("lastNotNull", "min", "max")),
-        state_timeline("Drift detected", "Per tracked quantity: 1 while the last closed window drifts beyond the "
-                       "threshold against the baseline, with confidence (soakd_drift_detected).",
+        state_timeline("Drift detected", "Per tracked quantity: 1 while the last closed window is worse beyond the "
+                       "threshold against the baseline, with confidence (soakd_drift_detected; an improvement "
+                       "never pages).",
                        [target(f"soakd_drift_detected{sel()}", "{{metric}}")],
                        mapping({0: ("stable", "green"), 1: ("drift", "red")}), w=12),
         timeseries("Drift events", "Windows flagged as drifted, by metric (increase of soakd_drift_events_total "

@@ -200,8 +200,9 @@ CATALOGUE: tuple[MetricSpec, ...] = (
                "Signed relative change of a tracked quantity against the baseline or the previous window "
                "(error_rate: absolute difference of ratios).", ("metric", "reference"), group="analysis"),
     MetricSpec("soakd_drift_detected", "gauge",
-               "1 while the last closed window pages: it, or the mean of the last two or three windows, is beyond the "
-               "threshold against the checked baseline pool, with run-level confidence.",
+               "1 while the last closed window pages: it, or the mean of the last two or three windows, is worse "
+               "(latency up, throughput down) beyond the threshold against the checked baseline pool, with run-level "
+               "confidence. An improvement never pages.",
                ("metric",), group="analysis"),
     MetricSpec("soakd_drift_detectable_ratio", "gauge",
                "The smallest change of a tracked quantity the live page catches within two windows (about half the "

@@ -41,11 +41,12 @@ _FAMILY = {"e2e_seconds": "e2e", "ttft_seconds": "ttft", "itl_seconds": "itl"}
 
 
 def page_z(cfg: DriftConfig, planned_windows: int, references: int = 1) -> float:
-    """The run-level significance of a page: two-sided, Bonferroni over metrics x planned windows x the
-    scan's segments (three overlapping ones count as two) x references."""
+    """The run-level significance of a page: one-sided (a page is a degradation: the verdict fails on nothing
+    else), Bonferroni over metrics x planned windows x the scan's segments (three overlapping ones count as
+    two) x references."""
     alpha = 1.0 - cfg.confidence
     family = max(1, len(cfg.metrics)) * max(1, planned_windows) * 2 * max(1, references)
-    return NormalDist().inv_cdf(1.0 - alpha / (2.0 * family))
+    return NormalDist().inv_cdf(1.0 - alpha / family)
 
 
 def family_of(metric: str) -> str | None:
@@ -192,7 +193,7 @@ def _reference_mean(reference: list[Level], extra: float, tau2: float) -> tuple[
 class Scan:
     """The sequential rule's answer for one metric at one window."""
 
-    side: int  # +1: worse, -1: better, 0: no page
+    side: int  # the paged change's sign on the analysis scale (+1: the level rose; worse for a latency), 0: no page
     windows: int  # the segment that paged (or 1)
     d: float  # the segment's mean level less the reference's (analysis scale)
     se: float
@@ -204,12 +205,14 @@ def scan(metric: str, post: list[Level], reference: list[Level], tau2: float, ex
          cfg: DriftConfig, excess_z: float = EXCESS_Z) -> Scan | None:
     """The last ``SCAN`` windows of ``post`` (the windows after the reference, the current one last): for
     each segment of the last ``L`` of them, its mean level against the reference's mean. A page when, for
-    some ``L``, the change lies beyond the threshold by ``excess_z`` standard errors *and* beyond zero by
-    ``z`` (the run-level significance), and, for ``L`` > 1, the current window's own change is beyond the
-    threshold on the same side. None without a reference or a window."""
+    some ``L``, the change is *worse* (latency up, throughput down) beyond the threshold by ``excess_z``
+    standard errors *and* beyond zero by ``z`` (the run-level significance, one-sided), and, for ``L`` > 1,
+    the current window's own change is worse beyond the threshold too. An improvement never pages (the
+    verdict fails on none: the end of the run reports it). None without a reference or a window."""
     if not post or not reference:
         return None
     d0 = _delta0(metric, cfg)
+    sgn = _worse(metric)
     ref_y, ref_v = _reference_mean(reference, extra, tau2)
     first: tuple[float, float] | None = None
     hit: tuple[int, int, float, float] | None = None
@@ -221,11 +224,11 @@ def scan(metric: str, post: list[Level], reference: list[Level], tau2: float, ex
         se = math.sqrt(var)
         if first is None:
             first = (d, se)
-        # a segment of several windows pages only while its last window is itself beyond the threshold on
-        # the same side: a blip followed by a window back at the baseline is no change now (seen: a
-        # throttled window's +30% paged again one window later as "drift: ttft_p50 -0.6%")
-        if (hit is None and abs(d) - d0 > excess_z * se and abs(d) > z * se
-                and (L == 1 or (now > d0 if d > 0 else now < -d0))):
+        # a segment of several windows pages only while its last window is itself worse beyond the threshold:
+        # a blip followed by a window back at the baseline is no change now (seen: a throttled window's +30%
+        # paged again one window later as "drift: ttft_p50 -0.6%")
+        if (hit is None and sgn * d - d0 > excess_z * se and sgn * d > z * se
+                and (L == 1 or sgn * now > d0)):
             hit = (1 if d > 0 else -1, L, d, se)
     assert first is not None
     if hit is None:

@@ -198,3 +198,45 @@ def test_a_regression_after_the_pool_never_joins_the_reference() -> None:
     # +7% step's windows are within the threshold now and then: one in about fifteen at this noise joins)
     moved = _live_reference_n(noisy(rng, 16, step_at=5, step=0.10))
     assert moved[4:7] == [4 * 3000] * 3 and moved[7:] == [5 * 3000] * 9, moved
+
+
+def test_only_a_degradation_pages() -> None:
+    cfg = DriftConfig()
+    z = page_z(cfg, 24)
+    # one-sided over 11 metrics x 24 windows x 2 segments at 95% (two-sided it was 3.90)
+    assert len(cfg.metrics) == 11 and z == pytest.approx(3.73, abs=0.01)
+    ref = levels([0.0] * 4)
+
+    def side(metric: str, change: float) -> int:
+        post = [Level(4, math.log1p(change), VAR, 1.0 + change, 3000, 1.7e9 + 1800 * 4)]
+        sc = scan(metric, post, ref, 0.0, 0.0, z, cfg)
+        assert sc is not None and sc.d1 == pytest.approx(math.log1p(change))
+        return sc.side
+
+    # latency: up pages, down (faster) never does, however far
+    assert side("e2e_p50", 0.20) == 1 and side("e2e_p50", -0.20) == 0 and side("e2e_p50", -0.50) == 0
+    # throughput: down pages, up never does
+    assert side("requests_per_second", -0.20) == -1 and side("requests_per_second", 0.25) == 0
+    # a two-window segment pages only while its last window is worse beyond the threshold too
+    post = levels([0.0] * 4 + [0.15, -0.15])[4:]
+    assert scan("e2e_p50", post, ref, 0.0, 0.0, z, cfg).side == 0
+
+
+def test_a_faster_server_is_reported_never_paged() -> None:
+    """Through the analysis engine: e2e p50 20% faster from window 8 is shown (the drift ratio, the run's
+    end as an improvement that does not fail), never paged; 20% slower pages at its window."""
+    cfg = AnalysisConfig(drift=DriftConfig(metrics=["e2e_p50"]))
+    for step, pages in ((-0.20, False), (0.20, True)):
+        rng = random.Random(41)
+        an = Analyzer(cfg, planned_windows=16)
+        active = []
+        for w in _windows(noisy(rng, 16, step_at=8, step=step)):
+            an.add_window(w)
+            active.append(an.drift_detector.drift_active["e2e_p50"])
+        r = an.drift_detector.drift[("e2e_p50", "baseline")]
+        assert r.ratio == pytest.approx(step, abs=0.03)
+        assert active[8] is pages and any(active) is pages, active
+        v = an.verdict()
+        assert v.result == ("FAIL" if pages else "PASS"), v.reasons
+        moved = [c for c in v.drift["changes"] if c["metric"] == "e2e_p50" and c["tier"] == "confident"]
+        assert [c["direction"] for c in moved] == ["degraded" if pages else "improved"], v.drift
