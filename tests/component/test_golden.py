@@ -135,6 +135,13 @@ Extended by hand, by keys only (issue 23's load workers): ``soakd_records_lost_t
 after the window they were scheduled in had closed) is new in ``windows.json`` (0) and ``live-shape.json``, and ``/status`` gains
 ``records_lost``. Nothing else moved.
 
+Regenerated for issue 21 (only a degradation pages), ``analysis.json`` only, checked key by key: the live page
+is one-sided at the run-level confidence, so its z is smaller and every ``detectable`` change (the pool-complete
+``baseline`` event and its message, ``soakd_drift_detectable_ratio``, ``judged.detectable``: e2e_p50 158.2% ->
+148.3%, itl_p50 46.8% -> 44.5%, ...) and the live drift results' intervals (``ratio_ci`` in the itl_p50 findings
+of windows 5 and 6 and in the verdict's ``failing``: +18.5%..+276.4% -> +21.4%..+267.5% and -40.2%..+107.4% ->
+-38.7%..+102.2%) narrowed. No flag, finding, reason or verdict moved.
+
 1. ``report-*.{json,md}``: ``soakd report`` of the two runs in ``tests/fixtures/state-v2`` (a
    state dir that release wrote: a finished run with throttling, a power cap and a latency step,
    and a resumable run stopped by SIGTERM), exact modulo the generation time.
