@@ -33,6 +33,11 @@ Usage::
     python benchmarks/verdict_quality.py --quick     # 20 runs per cell
     python benchmarks/verdict_quality.py --cells stationary-iid,step-10 --runs 50
     python benchmarks/verdict_quality.py --json out.json
+    python benchmarks/verdict_quality.py --cells page-10-ar --record runs/    # measure, and keep each run's inputs
+    python benchmarks/verdict_quality.py --cells page-10-ar --replay runs/    # the same runs through changed analysis
+
+``--replay`` measures a change to the analysis on the very windows ``--record`` kept (a paired comparison:
+the difference between two versions is theirs, not the seeds'), about five times faster than simulating.
 
 Longer than 500 lines: a benchmark is one script a user runs as it is; its cells (every scenario the
 README's table names, with their targets) and the simulators they need (noise models, the closed-loop
@@ -42,6 +47,7 @@ batch, memory, clocks and error bursts) stand beside the measurement loop they f
 from __future__ import annotations
 
 import argparse
+import gzip
 import heapq
 import json
 import math
@@ -62,7 +68,7 @@ from soakd.analysis.engine import Analyzer  # noqa: E402
 from soakd.config import AnalysisConfig  # noqa: E402
 from soakd.core.records import Outcome, RequestRecord  # noqa: E402
 from soakd.core.series import Series  # noqa: E402
-from soakd.core.summary import QuiesceProbe  # noqa: E402
+from soakd.core.summary import QuiesceProbe, WindowSummary  # noqa: E402
 from soakd.core.timeline import ManualClock, Timeline  # noqa: E402
 from soakd.analysis.engine import LEAK_SOURCES_BYTES  # noqa: E402
 from soakd.soak.probe_schedule import ProbeSchedule  # noqa: E402
@@ -552,19 +558,103 @@ def _telemetry(cell: Cell, t: float, clock: ClockPath | None = None) -> list[Ser
     return out
 
 
-def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> RunResult:
+class Analysis:
+    """The analysis side of a simulated run: the analyzer (in an A/B cell also the candidate's and the A/B judge),
+    everything the run sends it, in order, and the live flags it raised after each window. ``calls``: a list, every
+    input is appended to it as its stored document (``--record``), so that ``replay`` can send the same inputs through
+    another version of the analysis."""
+
+    def __init__(self, cell: Cell, cfg: AnalysisConfig, calls: list[tuple[str, Any]] | None = None) -> None:
+        self.cell = cell
+        self.calls = calls
+        ab_run = cell.ab is not None
+        # A/B: the candidate's analysis, and the judge in the reference's analysis (as the runtime wires them)
+        self.judge = AbJudge(cfg, "ref", ["cand"], cell.windows) if ab_run else None
+        self.analyzer = Analyzer(cfg, planned_windows=cell.windows, candidates=1 if ab_run else 0, ab=self.judge)
+        self.cand = Analyzer(cfg, planned_windows=cell.windows, candidates=1) if ab_run else None
+        self.live = self.live_drift = self.live_leak = self.live_throttle = False
+        self.page_window: int | None = None
+
+    def candidate_window(self, w: WindowSummary) -> None:
+        assert self.cand is not None
+        if w.revision:
+            return
+        if self.calls is not None:
+            self.calls.append(("c", w.dump()))
+        self.cand.add_window(w)
+        self.analyzer.add_target_window("cand", w)
+
+    def window(self, w: WindowSummary) -> None:
+        if w.revision:
+            return
+        if self.calls is not None:
+            self.calls.append(("w", w.dump()))
+        analyzer = self.analyzer
+        analyzer.add_window(w)
+        drift = any(analyzer.drift_active.values())
+        self.live_drift = self.live_drift or drift
+        if self.page_window is None and drift:
+            self.page_window = w.window
+        self.live_leak = self.live_leak or any(lk.suspected for s, lk in analyzer.leaks.items()
+                                               if s in LEAK_SOURCES_BYTES)
+        self.live_throttle = self.live_throttle or analyzer.throttle_detected
+        if drift or analyzer.throttle_detected or any(lk.fails for lk in analyzer.leaks.values()):
+            self.live = True
+
+    def quiesce(self, probe: QuiesceProbe) -> None:
+        if self.calls is not None:
+            self.calls.append(("q", probe.model_dump(mode="json")))
+        self.analyzer.add_quiesce(probe)
+
+    def result(self) -> RunResult:
+        """The verdict, and what the run is counted for."""
+        analyzer, cell = self.analyzer, self.cell
+        verdict = analyzer.verdict()
+        failing = [f for f in analyzer.findings if f.severity != "info" and f.kind in ("drift", "throttle")
+                   and (f.evidence.get("tier") in (None, "confident"))]
+        windows_named = [f.window for f in failing if f.window is not None]
+        windows_named += [int(r.split("window ")[-1].rstrip(")")) for r in verdict.reasons
+                          if r.startswith(("drift", "throttle")) and r.rstrip(")").split("window ")[-1].isdigit()]
+        fail_window = min(windows_named, default=None)
+        leak = [f.window for f in analyzer.findings if f.kind == "leak" and f.diagnosis != "memory steps"]
+        final_leak = any(lk.suspected for lk in analyzer.leaks.values())
+        dm = analyzer.leaks.get("device_memory")
+        return RunResult(
+            failed=verdict.result == "FAIL", fail_window=fail_window if verdict.result == "FAIL" else None,
+            live_flag=self.live, reasons=list(verdict.reasons),
+            confident=self.live_drift or any(f.kind == "drift" and f.evidence.get("tier") == "confident"
+                                             for f in analyzer.findings),
+            trend=any(f.diagnosis == "creep" and f.evidence.get("direction") == "degraded" for f in analyzer.findings),
+            leak_window=min(leak) if leak and final_leak else None,
+            periodic=analyzer.periodic is not None,
+            freeze=any(f.kind == "freeze" for f in analyzer.findings),
+            inconclusive=verdict.inconclusive is not None,
+            restart_reported=any(f.diagnosis == "target restarted" for f in analyzer.findings),
+            impaired_windows=sum(1 for w in analyzer.history.full() if w.client and w.client.impaired),
+            impaired_share=sum(w.client.requests_impaired for w in analyzer.history.closed if w.client)
+            / max(1, sum(w.requests for w in analyzer.history.closed)),
+            leak_rate=dm.growth_per_hour / 1e6 if dm is not None and dm.growth_per_hour is not None else None,
+            ab_fail=any(r.startswith("ab:") for r in verdict.reasons),
+            ab_confident=any(f.kind == "ab" and f.evidence.get("tier") == "confident"
+                             and f.evidence.get("direction") == "worse" for f in analyzer.findings),
+            page_window=self.page_window,
+            live_leak=self.live_leak, live_throttle=self.live_throttle, final_leak=final_leak,
+            withdrawn=any(f.diagnosis == "leak page withdrawn" for f in analyzer.findings),
+            answer=_errors_answer(cell, verdict.result, analyzer.findings))
+
+
+def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None,
+             calls: list[tuple[str, Any]] | None = None) -> RunResult:
+    """One seeded run of ``cell`` through the real path. ``calls``: a list, every input the analysis is sent is
+    appended to it (``Analysis``)."""
     rng = random.Random(seed)
     clock = ManualClock(0.0)
     tl = Timeline(0.0, 0.0, cell.window_s, cell.windows * cell.window_s)
     windows = WindowSet(tl, confidence=0.95, patience=min(cell.window_s, 120.0), clock=clock)
     cfg = config or AnalysisConfig()
-    ab_run = cell.ab is not None
-    # A/B: the candidate's windows and analysis, and the judge in the reference's analysis (as the runtime wires them)
-    judge = AbJudge(cfg, "ref", ["cand"], cell.windows) if ab_run else None
-    analyzer = Analyzer(cfg, planned_windows=cell.windows, candidates=1 if ab_run else 0, ab=judge)
-    cand_windows = WindowSet(tl, confidence=0.95, patience=min(cell.window_s, 120.0), clock=clock) if ab_run else None
-    cand = Analyzer(cfg, planned_windows=cell.windows, candidates=1) if ab_run else None
-    live = False
+    analysis = Analysis(cell, cfg, calls)
+    cand_windows = WindowSet(tl, confidence=0.95, patience=min(cell.window_s, 120.0), clock=clock) \
+        if cell.ab is not None else None
     clock_path = ClockPath(cell, seed) if cell.clock_wander_sd or cell.throttle_at is not None else None
     gc = gc_sawtooth(cell, seed) if cell.gc_mib else None
     source = closed_loop(cell, rng) if cell.noise == "closed" else arrivals(cell, rng, clock_path)
@@ -575,31 +665,13 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
         min_remaining=min(cell.window_s / 2, 60.0),
         duration=min(cfg.quiesce.drain_timeout, cell.window_s / 4) + cfg.quiesce.settle).times(tl.end))
     next_probe = next(probe_times, math.inf)
-    live_leak = False
-    live_throttle = False
-
-    live_drift = False
-    page_window = None
 
     def close(now: float, final: bool = False) -> None:
-        nonlocal live, live_drift, page_window, live_leak, live_throttle
-        if cand_windows is not None and cand is not None and judge is not None:
+        if cand_windows is not None:
             for w in cand_windows.close_due(now, final=final):
-                if not w.revision:
-                    cand.add_window(w)
-                    analyzer.add_target_window("cand", w)
+                analysis.candidate_window(w)
         for w in windows.close_due(now, final=final):
-            if w.revision:
-                continue
-            analyzer.add_window(w)
-            live_drift = live_drift or any(analyzer.drift_active.values())
-            if page_window is None and any(analyzer.drift_active.values()):
-                page_window = w.window
-            live_leak = live_leak or any(lk.suspected for s, lk in analyzer.leaks.items() if s in LEAK_SOURCES_BYTES)
-            live_throttle = live_throttle or analyzer.throttle_detected
-            if any(analyzer.drift_active.values()) or analyzer.throttle_detected or any(
-                    lk.fails for lk in analyzer.leaks.values()):
-                live = True
+            analysis.window(w)
 
     next_beat = 1.0
     next_tick = 1.0  # soakd's scheduler tick (``policy.tick_seconds``): when windows close
@@ -624,7 +696,7 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
                 probe = QuiesceProbe(t_unix=clock.wall_offset + next_probe, window=w, drained=True,
                                      kv_cache_usage_ratio=0.0, memory_used_bytes=mem, seconds=2.0)
                 windows.set_probe(probe)
-                analyzer.add_quiesce(probe)
+                analysis.quiesce(probe)
             next_probe = next(probe_times, math.inf)
         clock.now = t
         if t >= next_tick:
@@ -658,39 +730,25 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None) -> Run
             crec.outcome = Outcome.OK
             cand_windows.finished(crec)
     close(tl.end + cell.window_s, final=True)
-    verdict = analyzer.verdict()
-    failing = [f for f in analyzer.findings if f.severity != "info" and f.kind in ("drift", "throttle")
-               and (f.evidence.get("tier") in (None, "confident"))]
-    windows_named = [f.window for f in failing if f.window is not None]
-    windows_named += [int(r.split("window ")[-1].rstrip(")")) for r in verdict.reasons
-                      if r.startswith(("drift", "throttle")) and r.rstrip(")").split("window ")[-1].isdigit()]
-    fail_window = min(windows_named, default=None)
-    leak = [f.window for f in analyzer.findings if f.kind == "leak" and f.diagnosis != "memory steps"]
-    final_leak = any(lk.suspected for lk in analyzer.leaks.values())
-    dm = analyzer.leaks.get("device_memory")
-    return RunResult(failed=verdict.result == "FAIL", fail_window=fail_window if verdict.result == "FAIL" else None,
-                     live_flag=live, reasons=list(verdict.reasons),
-                     confident=live_drift or any(f.kind == "drift" and f.evidence.get("tier") == "confident"
-                                                 for f in analyzer.findings),
-                     trend=any(f.diagnosis == "creep" and f.evidence.get("direction") == "degraded"
-                               for f in analyzer.findings),
-                     leak_window=min(leak) if leak and final_leak else None,
-                     periodic=analyzer.periodic is not None,
-                     freeze=any(f.kind == "freeze" for f in analyzer.findings),
-                     inconclusive=verdict.inconclusive is not None,
-                     restart_reported=any(f.diagnosis == "target restarted" for f in analyzer.findings),
-                     impaired_windows=sum(1 for w in analyzer.history.full() if w.client and w.client.impaired),
-                     impaired_share=sum(w.client.requests_impaired for w in analyzer.history.closed if w.client)
-                     / max(1, sum(w.requests for w in analyzer.history.closed)),
-                     leak_rate=dm.growth_per_hour / 1e6 if dm is not None and dm.growth_per_hour is not None
-                     else None,
-                     ab_fail=any(r.startswith("ab:") for r in verdict.reasons),
-                     ab_confident=any(f.kind == "ab" and f.evidence.get("tier") == "confident"
-                                      and f.evidence.get("direction") == "worse" for f in analyzer.findings),
-                     page_window=page_window,
-                     live_leak=live_leak, live_throttle=live_throttle, final_leak=final_leak,
-                     withdrawn=any(f.diagnosis == "leak page withdrawn" for f in analyzer.findings),
-                     answer=_errors_answer(cell, verdict.result, analyzer.findings))
+    return analysis.result()
+
+
+def replay(cell: Cell, doc: dict[str, Any]) -> RunResult:
+    """A recorded run (``--record``) through this version of the analysis: the same windows, candidate windows and
+    probes, in the same order, into fresh analyzers with the run's configuration."""
+    analysis = Analysis(cell, AnalysisConfig.model_validate(doc["config"]))
+    for kind, x in doc["calls"]:
+        if kind == "w":
+            analysis.window(WindowSummary.load(x))
+        elif kind == "c":
+            analysis.candidate_window(WindowSummary.load(x))
+        else:
+            analysis.quiesce(QuiesceProbe.model_validate(x))
+    return analysis.result()
+
+
+def recorded(directory: Path, name: str, seed: int) -> Path:
+    return directory / f"{name}-{seed}.json.gz"
 
 
 def _errors_answer(cell: Cell, result: str, findings: list[Any]) -> str:
@@ -705,15 +763,22 @@ def _errors_answer(cell: Cell, result: str, findings: list[Any]) -> str:
 # the table
 
 
-def _run(args: tuple[str, int] | tuple[str, int, float | None]) -> dict[str, Any]:
+def _run(args: tuple[Any, ...]) -> dict[str, Any]:
+    """One run: (cell name, seed[, probe jitter[, --record directory[, --replay directory]]])."""
     name, seed = args[:2]
-    jitter = args[2] if len(args) > 2 else None
+    jitter, record, replayed = (*args[2:], None, None, None)[:3]
     cell = next(c for c in CELLS if c.name == name)
-    cfg = None
-    if jitter is not None:  # --probe-jitter: the probes' spread within their windows (0: the fixed mid-window phase)
+    if replayed is not None:
+        r = replay(cell, json.loads(gzip.decompress(recorded(replayed, name, seed).read_bytes())))
+    else:
         cfg = AnalysisConfig()
-        cfg = cfg.model_copy(update={"quiesce": cfg.quiesce.model_copy(update={"jitter": jitter})})
-    r = simulate(cell, seed, cfg)
+        if jitter is not None:  # --probe-jitter: the probes' spread within windows (0: the fixed mid-window phase)
+            cfg = cfg.model_copy(update={"quiesce": cfg.quiesce.model_copy(update={"jitter": jitter})})
+        calls: list[tuple[str, Any]] | None = [] if record is not None else None
+        r = simulate(cell, seed, cfg, calls)
+        if record is not None:
+            doc = {"cell": name, "seed": seed, "config": cfg.model_dump(mode="json"), "calls": calls}
+            recorded(record, name, seed).write_bytes(gzip.compress(json.dumps(doc).encode(), compresslevel=3))
     return {"failed": r.failed, "fail_window": r.fail_window, "live": r.live_flag, "reasons": r.reasons,
             "confident": r.confident, "trend": r.trend, "leak_window": r.leak_window, "periodic": r.periodic,
             "freeze": r.freeze, "inconclusive": r.inconclusive, "restart_reported": r.restart_reported,
@@ -749,8 +814,8 @@ _COUNTS: dict[str, tuple[Any, bool]] = {
 
 
 def measure(cell: Cell, runs: int, seed0: int, pool: ProcessPoolExecutor | None,
-            jitter: float | None = None) -> dict[str, Any]:
-    jobs = [(cell.name, seed0 + i, jitter) for i in range(runs)]
+            jitter: float | None = None, record: Path | None = None, replayed: Path | None = None) -> dict[str, Any]:
+    jobs = [(cell.name, seed0 + i, jitter, record, replayed) for i in range(runs)]
     results = list(pool.map(_run, jobs)) if pool is not None else [_run(j) for j in jobs]
     n = len(results)
     fail = sum(r["failed"] for r in results) / n
@@ -825,6 +890,13 @@ def main(argv: list[str] | None = None) -> int:
                         "every window, as before issue 21)")
     p.add_argument("--resume", action="store_true",
                    help="keep the rows of the --json file that already have the runs asked for; measure the rest")
+    p.add_argument("--record", type=Path, metavar="DIR",
+                   help="also write each run's analysis inputs (every window, candidate window and probe the analysis "
+                        "is sent, with its configuration) to DIR/<cell>-<seed>.json.gz")
+    p.add_argument("--replay", type=Path, metavar="DIR",
+                   help="do not simulate: send the runs --record wrote to DIR through this version of the analysis "
+                        "(the same windows: a change to the analysis measured on the same runs, in a fraction of the "
+                        "time)")
     p.add_argument("--markdown", type=Path, metavar="JSON",
                    help="print the table of an earlier --json file as Markdown (docs/verdict-quality.md's) and exit")
     a = p.parse_args(argv)
@@ -833,6 +905,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     runs = a.runs or (20 if a.quick else 200)
     cells = [c for c in CELLS if not a.cells or c.name in a.cells.split(",")]
+    if a.record and a.replay:
+        p.error("--record and --replay exclude each other")
+    if a.record:
+        a.record.mkdir(parents=True, exist_ok=True)
+    if a.replay:
+        missing = [recorded(a.replay, c.name, a.seed + i).name for c in cells for i in range(runs)
+                   if not recorded(a.replay, c.name, a.seed + i).exists()]
+        if missing:
+            p.error(f"{len(missing)} of the runs asked for were not recorded in {a.replay} (first: {missing[0]}); "
+                    f"record them with --record {a.replay} and the same --cells, --runs and --seed")
     t0 = time.monotonic()
     done: dict[str, dict[str, Any]] = {}
     if a.resume and a.json and a.json.exists():
@@ -841,7 +923,7 @@ def main(argv: list[str] | None = None) -> int:
     pool = ProcessPoolExecutor(a.workers) if a.workers > 1 else None
     try:
         for cell in cells:
-            row = done.get(cell.name) or measure(cell, runs, a.seed, pool, a.probe_jitter)
+            row = done.get(cell.name) or measure(cell, runs, a.seed, pool, a.probe_jitter, a.record, a.replay)
             rows.append(row)
             if a.json:  # after every cell: a long measurement that is stopped keeps what it finished
                 a.json.write_text(json.dumps({"runs": runs, "rows": rows}, indent=2))
