@@ -289,12 +289,15 @@ async def test_soak_outage_and_recovery(vllm: VllmServer, tmp_path: Path) -> Non
             numbers["kv"] = kv = kv_comparison(s_poll.between(sa.t, sb.t), v_poll.between(sa.t - 2, sb.t + 2))
             # soakd's server sampler asks every second, but vLLM's /metrics is served by the same busy
             # API process: on 2 shared cores a scrape takes up to seconds and the next one is skipped
-            # (seen: 35 samples in 79 s with a second test run loading the machine). Enough evidence is
-            # one matched reading per 4 s of the interval; each one must agree with vLLM's gauge. How
-            # many of them find requests running depends on the load the machine lets both sides keep
-            # (seen: 2 of 74 while another test run loaded it, soakd's mean 0.0018 against vLLM's
-            # 0.0019): one nonzero reading, the block grid and the matching means are the evidence.
-            _check_kv(kv, min_matched=max(15, int((sb.t - sa.t) / 4)))
+            # (seen: 35 samples in 79 s with a second test run loading the machine; 28 in 81 s and 16 in
+            # 59 s beside two CPU-bound processes). A reading is matched where this test's own poller got 4
+            # of vLLM's within a second of it, and that poller is starved too (seen: 11 of the 16). Enough
+            # evidence is a sample per 6 s of the interval from soakd, and a matched reading per 8 s; each
+            # one must agree with vLLM's gauge. How many of them find requests running depends on the load
+            # the machine lets both sides keep (seen: 2 of 74 while another test run loaded it, soakd's mean
+            # 0.0018 against vLLM's 0.0019): one nonzero reading, the block grid and the matching means are
+            # the evidence.
+            _check_kv(kv, min_matched=max(10, int((sb.t - sa.t) / 8)), min_samples=int((sb.t - sa.t) / 6))
 
             # ---- outage: stop vLLM mid-soak
             conn_before = outcome_total(sb, "connection_error")
@@ -355,9 +358,10 @@ async def test_soak_outage_and_recovery(vllm: VllmServer, tmp_path: Path) -> Non
             numbers["after_restart"] = _check_interval(vc, vd, sc, sd, min_ok=60)
             numbers["kv_after_restart"] = kv = kv_comparison(s_poll.between(sc.t, sd.t),
                                                              v_poll.between(sc.t - 2, sd.t + 2))  # fmt: skip
-            # the same evidence rule as before the outage (one matched reading per 4 s), on what is left of
-            # the soak after the restart: vLLM's stop (up to 30 s) and restart (67 s seen) can leave 35 s
-            _check_kv(kv, min_matched=max(8, int((sd.t - sc.t) / 4)), earlier=numbers["kv"])
+            # the same evidence rule as before the outage, on what is left of the soak after the restart:
+            # vLLM's stop (up to 30 s) and restart (67 s seen) can leave 35 s
+            _check_kv(kv, min_matched=max(6, int((sd.t - sc.t) / 8)), min_samples=int((sd.t - sc.t) / 6),
+                      earlier=numbers["kv"])
             # greedy, idle, same weights: the canary's output survives the restart
             assert canary["mismatches"] == 0 and canary["checks"] - canary["errors"] >= 5, canary
             left = t_load + duration - time.time()
@@ -471,7 +475,8 @@ def _check_interval(va: Scrape, vb: Scrape, sa: Scrape, sb: Scrape, min_ok: int)
     return out
 
 
-def _check_kv(kv: dict[str, Any], min_matched: int, earlier: dict[str, Any] | None = None) -> None:
+def _check_kv(kv: dict[str, Any], min_matched: int, min_samples: int,
+              earlier: dict[str, Any] | None = None) -> None:
     """The comparison's rules (see kv_comparison). "soakd saw KV in use" is asserted over this interval and
     ``earlier`` together, where vLLM's gauge was non-zero often enough that soakd's matched samples would all
     miss it with a chance below 0.1% (its share of non-zero polls, p: (1 - p) ** samples). vLLM's gauge follows
@@ -479,7 +484,7 @@ def _check_kv(kv: dict[str, Any], min_matched: int, earlier: dict[str, Any] | No
     for ~100 ms): once, beside two busy processes, all 45 samples after the restart read 0 while vLLM's own
     polls averaged 0.0015 against a maximum of 0.094 (non-zero in a few percent of them), and before the
     outage 1 of 54 read more than 0."""
-    assert kv["matched"] >= min_matched, kv
+    assert kv["soakd_samples"] >= min_samples and kv["matched"] >= min_matched, (min_samples, min_matched, kv)
     assert not kv["off_block_grid"], f"soakd's KV values are not whole vLLM blocks: {kv}"
     assert kv["within_vllm_range"] >= 0.7 * kv["matched"], kv
     assert abs(kv["soakd_mean"] - kv["vllm_mean"]) <= 0.01 + 0.5 * kv["vllm_mean"], kv
