@@ -763,10 +763,9 @@ def _errors_answer(cell: Cell, result: str, findings: list[Any]) -> str:
 # the table
 
 
-def _run(args: tuple[Any, ...]) -> dict[str, Any]:
-    """One run: (cell name, seed[, probe jitter[, --record directory[, --replay directory]]])."""
-    name, seed = args[:2]
-    jitter, record, replayed = (*args[2:], None, None, None)[:3]
+def _run(args: tuple[str, int, float | None, Path | None, Path | None]) -> dict[str, Any]:
+    """One run: (cell name, seed, probe jitter, --record directory, --replay directory)."""
+    name, seed, jitter, record, replayed = args
     cell = next(c for c in CELLS if c.name == name)
     if replayed is not None:
         r = replay(cell, json.loads(gzip.decompress(recorded(replayed, name, seed).read_bytes())))
