@@ -354,8 +354,8 @@ def overview() -> dict[str, Any]:
                    [target(f"soakd_window_client_impaired{sel()}", "client-impaired {{pod}}"),
                     target(m("soakd_window_loop_lag_seconds", 'stat="p99"'), "loop lag p99 {{pod}}"),
                     target(f"soakd_window_freeze_seconds{sel()}", "longest silence {{pod}}")], w=8, min_=0),
-        bargauge("Smallest detectable change", "The smallest change one window can show as confident drift "
-                 "against the baseline pool at this run's noise (Bonferroni over the run): a regression smaller "
+        bargauge("Smallest detectable change", "The smallest change the live page catches within two windows "
+                 "(about half the time) against the baseline pool at this run's noise: a regression smaller "
                  "than this is found at the end of the run, if at all.", "percentunit",
                  [target(f"soakd_drift_detectable_ratio{sel()}", "{{metric}}", instant=True)],
                  w=8, h=8, min_=0, th=thresholds((None, "green"), (0.1, "orange"), (0.2, "red"))),
@@ -369,7 +369,7 @@ def overview() -> dict[str, Any]:
         latency_panel("Time to first token", "time_to_first_token_seconds", "Time to first token"),
         latency_panel("Inter-token latency", "inter_token_latency_seconds", "Gaps between streamed tokens"),
         timeseries("Window quantiles (analysis)",
-                   "p50/p95 of the last closed window from soakd's own sketches (0.25% relative error) — the "
+                   "p50/p95/p99 of the last closed window from soakd's own sketches (0.25% relative error) — the "
                    "values drift is judged on. Steps at each window close.", "s",
                    [target(m("soakd_window_value", 'metric=~"(e2e|ttft|itl)_p.*"'),
                            "{{metric}}")], w=12, log=True),
@@ -395,8 +395,9 @@ def overview() -> dict[str, Any]:
                    "window (what throughput drift is judged on).", "short",
                    [target(m("soakd_window_value", 'metric=~"output_tokens_per_second|requests_per_second"'),
                            "{{metric}}")], w=8, min_=0, axis="per second"),
-        timeseries("Errors by outcome", "Failed measured requests per second by outcome (http_error, timeout, "
-                   "connection_error, invalid_response, cancelled).", "reqps",
+        timeseries("Errors by outcome", "Measured requests per second that did not succeed, by outcome "
+                   "(http_error, timeout, connection_error, invalid_response; and cancelled, which the error "
+                   "budgets do not count).", "reqps",
                    [target("sum by (outcome) (rate(" + m("soakd_requests_total", SC, 'outcome!="ok"')
                            + "[$__rate_interval]))", "{{outcome}}")], w=8, stack=True, min_=0),
         timeseries("Failures by reason", "Failed measured requests per second by bounded reason (http_5xx, "
@@ -422,8 +423,9 @@ def overview() -> dict[str, Any]:
 
         row("Drift (per window, against the baseline and the previous window)"),
         timeseries("Drift vs baseline", "Signed relative change of each tracked quantity of the last closed window "
-                   "against the baseline window (goodput_ratio: difference of ratios). Dashed lines: ±5%. "
-                   "A value beyond them is flagged only when its 95% interval is beyond them too.", "percentunit",
+                   "against the checked baseline pool (goodput_ratio: difference of ratios). Dashed lines: ±5%. "
+                   "A degradation beyond them pages (soakd_drift_detected) when it is beyond them by 2.33 standard "
+                   "errors and beyond zero at the run-level confidence; an improvement never pages.", "percentunit",
                    [target(m("soakd_drift_ratio", 'reference="baseline"'),
                            "{{metric}}")], w=12, h=9, th=DRIFT_LINES, th_style="dashed",
                    legend_calcs=("lastNotNull", "min", "max")),
@@ -484,7 +486,7 @@ def overview() -> dict[str, Any]:
     }]
     annotations = [
         annotation("Drift events", f"changes(soakd_drift_events_total{sel()}[2m]) > 0", "drift: {{metric}}",
-                   "soakd flagged {{metric}} as drifted against the baseline window ({{pod}})", "orange",
+                   "soakd flagged {{metric}} as drifted against the baseline ({{pod}})", "orange",
                    "metric,pod"),
         annotation("Throttling", f"soakd_throttle_detected{sel()} == 1", "throttling",
                    "a performance-relevant clocks-event reason was active beyond its share of the window ({{pod}})",
@@ -537,7 +539,9 @@ def device() -> dict[str, Any]:
                            "window {{pod}}")], w=8, min_=0),
         timeseries("Temperature", "Temperature by sensor.", "celsius",
                    [target(f"soakd_gpu_temperature_celsius{g}", "GPU {{gpu}} {{sensor}}")], w=8),
-        timeseries("SM clock", "Current and maximum SM clock: a drop below the maximum under load is throttling.",
+        timeseries("SM clock", "Current and maximum SM clock. Below the maximum under load is often a power "
+                   "cap (healthy); soakd judges throttling against the baseline pool's clock and its noise "
+                   "(soakd_throttle_detected).",
                    "hertz",
                    [target(f"soakd_gpu_sm_clock_hertz{g}", "SM GPU {{gpu}}"),
                     target(f"soakd_gpu_sm_clock_max_hertz{g}", "SM max GPU {{gpu}}")], w=12, min_=0),
@@ -557,8 +561,9 @@ def device() -> dict[str, Any]:
                    [target(f"rate(soakd_gpu_throttle_seconds_total{g}[$__rate_interval])", "GPU {{gpu}} {{reason}}")],
                    w=12, h=9, min_=0),
         timeseries("Throttle share per window", "Share of the last closed window's device samples with each "
-                   "reason active; beyond 10% (the line) a performance-relevant reason sets "
-                   "soakd_throttle_detected.", "percentunit",
+                   "reason active; beyond 10% (the line) a performance-relevant reason is active, and "
+                   "soakd_throttle_detected also needs the SM clock below the baseline pool's beyond its noise and "
+                   "latency or throughput drift (a power cap without that impact stays 0).", "percentunit",
                    [target(m("soakd_throttle_share_ratio", f'reason=~"{PERF_REASONS}"'),
                            "{{reason}}"),
                     target(f"soakd_throttle_detected{sel()}", "throttle detected {{pod}}")], w=12, min_=0, max_=1,
@@ -614,7 +619,7 @@ def device() -> dict[str, Any]:
                    "memory growth of {{source}} is significant and projects beyond its budget ({{pod}})",
                    "purple", "source,pod"),
         annotation("Drift events", f"changes(soakd_drift_events_total{sel()}[2m]) > 0", "drift: {{metric}}",
-                   "soakd flagged {{metric}} as drifted against the baseline window ({{pod}})", "orange",
+                   "soakd flagged {{metric}} as drifted against the baseline ({{pod}})", "orange",
                    "metric,pod"),
     ]
     return dashboard(

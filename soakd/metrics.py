@@ -195,10 +195,10 @@ CATALOGUE: tuple[MetricSpec, ...] = (
                "queries' (absent without prefix-cache counters, or across a restart).", group="analysis"),
     MetricSpec("soakd_window_value", "gauge",
                "Tracked quantity of the last closed window, by metric (e2e_p95 in seconds, output_tokens_per_second, "
-               "error_rate as a ratio, energy_per_token in joules, ...).", ("metric",), group="analysis"),
+               "energy_per_token in joules, goodput_ratio as a ratio, ...).", ("metric",), group="analysis"),
     MetricSpec("soakd_drift_ratio", "gauge",
                "Signed relative change of a tracked quantity against the baseline or the previous window "
-               "(error_rate: absolute difference of ratios).", ("metric", "reference"), group="analysis"),
+               "(goodput_ratio: absolute difference of ratios).", ("metric", "reference"), group="analysis"),
     MetricSpec("soakd_drift_detected", "gauge",
                "1 while the last closed window pages: it, or the mean of the last two or three windows, is worse "
                "(latency up, throughput down) beyond the threshold against the checked baseline pool, with run-level "
@@ -206,7 +206,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (
                ("metric",), group="analysis"),
     MetricSpec("soakd_drift_detectable_ratio", "gauge",
                "The smallest change of a tracked quantity the live page catches within two windows (about half the "
-               "time) against the baseline pool at this run's noise (set when the pool is complete; error_rate in "
+               "time) against the baseline pool at this run's noise (set when the pool is complete; goodput_ratio in "
                "absolute terms).", ("metric",),
                group="analysis"),
     MetricSpec("soakd_drift_events_total", "counter",
