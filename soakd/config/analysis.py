@@ -76,8 +76,9 @@ class DriftConfig(_Model):
         0.95,
         gt=0.5,
         lt=1,
-        description="Confidence of the intervals: a drift is flagged only when the whole interval of the "
-        "change lies beyond the threshold. Also pass it to quantile_ci at window close.",
+        description="Confidence of the intervals: at the end of the run a drift is flagged only when the whole "
+        "interval of the change lies beyond the threshold (the live page has its own run-level rule: "
+        "docs/analysis.md#drift-live). Also pass it to quantile_ci at window close.",
     )
     min_requests: int = Field(
         50,
@@ -539,6 +540,6 @@ class AnalysisConfig(_Model):
     errors: ErrorsConfig = Field(default_factory=ErrorsConfig)
     ab: AbConfig = Field(default_factory=AbConfig)
     baseline: Path | None = Field(
-        None, description="An earlier run's JSON report (or its windows) to use as the baseline instead of the "
-        "first full window of this run."
+        None, description="An earlier run's JSON report (or its windows) to use as the baseline instead of this "
+        "run's own baseline pool (its first drift.baseline_windows eligible windows, checked for a change)."
     )

@@ -48,3 +48,25 @@ def test_example_mentions_every_scenario_field():
     text = EXAMPLE.read_text()
     missing = [name for name in ScenarioConfig.model_fields if f"{name}:" not in text]
     assert not missing, f"examples/soak.yaml does not document scenario fields {missing}"
+
+
+def _flat(node: object, prefix: str = "") -> dict[str, object]:
+    if isinstance(node, dict):
+        out: dict[str, object] = {}
+        for key, value in node.items():
+            out.update(_flat(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+def test_example_values_are_the_defaults():
+    """docs/configuration.md says the example shows every field *with its default*: a default that changes (a
+    metric tracked by default, a finding kind that fails the run) must change there too. The scenarios are
+    examples, and load.concurrency's null means its 8."""
+    example = _flat(load_config(EXAMPLE, environ={}).model_dump(mode="json"))
+    default = _flat(SoakConfig().model_dump(mode="json"))
+    allowed = {"load.concurrency": (8, None)}
+    differ = {k: (example.get(k), default.get(k)) for k in sorted(set(example) | set(default))
+              if not k.startswith("scenarios.") and example.get(k) != default.get(k)
+              and allowed.get(k) != (example.get(k), default.get(k))}
+    assert not differ, f"examples/soak.yaml (left) differs from the defaults (right): {differ}"
