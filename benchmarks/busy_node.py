@@ -130,6 +130,9 @@ def one_run(mode: str, fault: str, seed: int, a: argparse.Namespace, cgroup: Pat
         out["exit_code"] = rc
         out["result"] = EXIT.get(rc, f"exit {rc}")
         reports = list((work / "state").glob("*/report.json"))
+        if reports and a.keep is not None:  # the whole report, to read a run's windows afterwards
+            a.keep.mkdir(parents=True, exist_ok=True)
+            shutil.copy(reports[0], a.keep / f"{mode}-{fault}-{seed}.json")
         if reports:
             rep = json.loads(reports[0].read_text())
             windows = [w for w in rep.get("windows") or [] if not w.get("partial")]
@@ -174,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--startup", type=float, default=8.0,
                    help="seconds soakd takes to start sending after the simulator starts (places the step)")
     p.add_argument("--json", type=Path, help="write every run here (after each run)")
+    p.add_argument("--keep", type=Path, help="keep each run's report.json here, as <mode>-<fault>-<seed>.json")
     a = p.parse_args(argv)
     if shutil.which("taskset") is None:
         print("taskset (util-linux) is needed", file=sys.stderr)
