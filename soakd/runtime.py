@@ -54,7 +54,7 @@ from soakd.soak.target_run import TargetRun
 from soakd.soak.pipeline import WindowPipeline
 from soakd.soak.quiesce import QuiesceProber
 from soakd.soak.recorder import Recorder, RecordListener
-from soakd.soak.selfwatch import CgroupCpu
+from soakd.soak.selfwatch import CgroupCpu, frozen_startup_heap
 from soakd.soak.session import GRACEFUL_STOPS, RunSession, read_baseline
 from soakd.soak.status import Load, StatusBoard
 from soakd.soak.target import resolve_model
@@ -277,9 +277,10 @@ class Runtime:
             self._build_load(model, duration_left)
             assert self.load is not None
             self._add_load_jobs(scheduler)
-            await asyncio.gather(*(ld.driver.run(grace=cfg.run.grace) for ld in self._loads()))
-            if self.quiesce is not None:  # a quiesce probe still holding the (finished) load
-                await self.quiesce.cancel()
+            with frozen_startup_heap():  # no collection of the startup heap stalls a request (selfwatch)
+                await asyncio.gather(*(ld.driver.run(grace=cfg.run.grace) for ld in self._loads()))
+                if self.quiesce is not None:  # a quiesce probe still holding the (finished) load
+                    await self.quiesce.cancel()
             self.stop_reason = self.stop_reason or self.load.driver.stop_reason
             self.status.phase = "done"
             now = self.clock.monotonic()

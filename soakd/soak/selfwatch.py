@@ -1,4 +1,4 @@
-"""soakd watching itself: the CFS throttling of its own cgroup.
+"""soakd watching itself: the CFS throttling of its own cgroup, and its own garbage collector.
 
 A CPU limit on soakd's container (set in the manifests, or imposed by a namespace's LimitRange that
 the manifests do not mention) makes the kernel stop soakd's threads for the rest of each 100 ms
@@ -8,13 +8,37 @@ period once the quota is used: its event loop stalls, and every request in fligh
 or ``/sys/fs/cgroup/cpu/cpu.stat``). ``CgroupCpu.delta()`` returns what was added since the last
 call; the runtime polls it once a second into the open window (``WindowSet.add_throttling``), and the
 event-loop heartbeat (``soakd.web.Heartbeat``, every 10 ms) gives the lag itself.
+
+Python's collector is the other stall of soakd's own making: a full collection walks every object the
+process tracks, and the imports alone (numpy, scipy, aiohttp, pydantic) leave about 120,000 of them, 40-60 ms
+of CPU a collection on an idle core and twice that on a starved one. Every request in flight carries the pause
+into its latency; live, at half a core, that was one stall of 100-170 ms in most 2-minute runs, the 48 requests
+in flight impaired (``benchmarks/busy_node.py``). ``frozen_startup_heap`` moves what exists when the load starts
+(which lives all run) out of the collector's reach (``gc.freeze``) and gives it back when the load is over.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
+from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["CgroupCpu", "parse_cpu_stat"]
+__all__ = ["CgroupCpu", "frozen_startup_heap", "parse_cpu_stat"]
+
+
+@contextlib.contextmanager
+def frozen_startup_heap() -> Iterator[int]:
+    """Collect once, then freeze every object the process tracks (``gc.freeze``): the collections during the
+    load walk only what the load allocates. Yields how many objects were frozen. On exit ``gc.unfreeze``
+    returns them to the oldest generation, so that what the run (or, in one test process, an earlier run)
+    left behind is collected again."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield gc.get_freeze_count()
+    finally:
+        gc.unfreeze()
 
 CANDIDATES = (
     (Path("/sys/fs/cgroup/cpu.stat"), "v2"),

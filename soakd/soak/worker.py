@@ -34,6 +34,7 @@ import structlog
 from soakd.analysis.window import STALL_LAG
 from soakd.core.records import RequestRecord
 from soakd.core.timeline import SYSTEM_CLOCK, Timeline
+from soakd.soak.selfwatch import frozen_startup_heap
 from soakd.soak.windows import LagLedger
 
 log = structlog.get_logger("soakd.worker")
@@ -262,7 +263,8 @@ async def run_worker(reader: asyncio.StreamReader, out: asyncio.StreamWriter,
         supervise(task, name, fwd, driver)
         running.append(task)
     try:
-        await driver.run(grace=init["grace"])
+        with frozen_startup_heap():  # as in the parent (soakd.soak.selfwatch)
+            await driver.run(grace=init["grace"])
     finally:
         for t in running:
             t.cancel()
