@@ -245,6 +245,10 @@ class LoadDriver:
                 else:
                     await slots.acquire()
                 now = self.clock.monotonic()
+                if now >= tl.end:  # its time came before the end, the send after it (a slot, a coarse clock)
+                    slots.release()
+                    self.stop("duration")
+                    break
                 if now - t > LATE_THRESHOLD:
                     late.inc(())
                 task = loop.create_task(self._unit_released(tl.window_at(now), slots, arrival))

@@ -571,3 +571,34 @@ def test_a_corpus_slice_is_its_words_joined() -> None:
                 want = " ".join(corpus.words[off:off + k])
             assert corpus.text(rng, n) == want, (seed, n)
             assert rng.random() == want_rng.random()  # the same draws: what follows is seeded as before
+
+
+async def test_an_arrival_due_before_the_end_is_not_sent_after_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An open-loop arrival whose time is inside the run but whose send comes at or after its end (a wait for a
+    slot, a load worker's whole-millisecond clock) is not sent: it would belong to a window past the run's last,
+    of length zero (the fresh-clone make test of 9fa82bb: ZeroDivisionError opening window 5 of a 5-window run
+    with two load workers). The closed loop already stops at the end."""
+    import soakd.soak.driver as driver_mod
+
+    def one_arrival(kind: str, rate: float, start: float, seed: int = 0):  # noqa: ANN202
+        yield start + 9.999  # due a millisecond before the end of a 10-s run
+
+    class LateClock:  # the send is read a millisecond after the end
+        def monotonic(self) -> float:
+            return 10.0005
+
+        def wall(self) -> float:
+            return 1_700_000_010.0
+
+    monkeypatch.setattr(driver_mod, "arrivals", one_arrival)
+    load = LoadConfig(rate=1.0, mix={"short_chat": 1})
+    tl = Timeline(0.0, 0.0, 2.0, 10.0)  # five windows, 0-4
+    recorder = Recorder(SoakMetrics(tuple(load.mix)), WindowSet(tl, clock=LateClock()))
+    client = OpenAIClient(TargetConfig(url="http://127.0.0.1:9/v1"))
+    driver = LoadDriver(load, client, workload(load.mix), recorder, tl, clock=LateClock())
+    try:
+        await asyncio.wait_for(driver.run(grace=1), 5)
+    finally:
+        await client.close()
+    assert recorder.sent == 0 and driver.stop_reason == "duration"
+    assert all(k <= 4 for k in recorder.windows.open)
