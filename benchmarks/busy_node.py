@@ -198,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(r)
                     print(json.dumps(r), flush=True)
                     if a.json:
-                        a.json.write_text(json.dumps({"quota": how, "args": vars(a) | {"json": str(a.json)},
-                                                      "runs": rows}, indent=2))
+                        a.json.write_text(json.dumps({"quota": how, "args": vars(a), "runs": rows}, indent=2,
+                                                      default=str))  # paths (--json, --keep) as text
     finally:
         if cgroup is not None:
             with contextlib.suppress(OSError):
