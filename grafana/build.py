@@ -563,10 +563,14 @@ def device() -> dict[str, Any]:
         timeseries("Throttle share per window", "Share of the last closed window's device samples with each "
                    "reason active; beyond 10% (the line) a performance-relevant reason is active, and "
                    "soakd_throttle_detected also needs the SM clock below the baseline pool's beyond its noise and "
-                   "latency or throughput drift (a power cap without that impact stays 0).", "percentunit",
+                   "latency or throughput drift (a power cap without that impact stays 0); the GPUs it is charged "
+                   "to (soakd_throttle_gpu_detected: on a node of several, those whose own clock fell) show as "
+                   "'throttled GPU'.", "percentunit",
                    [target(m("soakd_throttle_share_ratio", f'reason=~"{PERF_REASONS}"'),
                            "{{reason}}"),
-                    target(f"soakd_throttle_detected{sel()}", "throttle detected {{pod}}")], w=12, min_=0, max_=1,
+                    target(f"soakd_throttle_detected{sel()}", "throttle detected {{pod}}"),
+                    target(f"soakd_throttle_gpu_detected{g} == 1", "throttled GPU {{gpu}} {{reason}} {{pod}}")],
+                   w=12, min_=0, max_=1,
                    th=thresholds((None, "green"), (0.1, "red")), th_style="dashed"),
         timeseries("Reliability", "Critical Xid events and ECC errors (increase over the last hour), remapped rows.",
                    "short",

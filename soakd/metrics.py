@@ -240,6 +240,11 @@ CATALOGUE: tuple[MetricSpec, ...] = (
                "beyond its share, the SM clock below the baseline pool's beyond its noise (in consecutive windows) and "
                "latency or throughput drift; a power cap without impact is 0.",
                group="analysis"),
+    MetricSpec("soakd_throttle_gpu_detected", "gauge",
+               "1 for the GPU and clocks-event reason the last window's throttling (soakd_throttle_detected) is charged "
+               "to: the reason active on that GPU beyond its share and, with several GPUs, the GPU's own SM clock below "
+               "its own baseline beyond the noise bound; 0 for the others (a GPU at its power cap whose clock holds).",
+               ("gpu", "reason"), group="analysis"),
     MetricSpec("soakd_throttle_share_ratio", "gauge",
                "Share of the last window's samples with the clocks-event reason active.", ("reason",),
                group="analysis"),

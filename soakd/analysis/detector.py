@@ -129,6 +129,7 @@ class _Quiet:
 class ThrottleState:
     detected: bool = False
     results: tuple[throttle_mod.ThrottleResult, ...] = ()
+    gpus: tuple[str, ...] = ()  # the GPUs the judged window reported clocks-event reasons for
 
 
 class ThrottleDetector(_Quiet):
@@ -151,8 +152,10 @@ class ThrottleDetector(_Quiet):
         ref = throttle_mod.clock_reference(pool, self.cfg.throttle) if pool and not in_pool else None
         results = throttle_mod.evaluate(w, None if in_pool else ctx.baseline, self.cfg.throttle, latency_drift=perf,
                                         reference=ref, beyond_before=self.beyond)
+        results = throttle_mod.charge_gpus(results, w, pool, self.cfg.throttle)
         self.beyond = self.beyond if w.partial else max((t.beyond_windows for t in results), default=0)
-        self._state = ThrottleState(any(t.detected for t in results), tuple(results))
+        self._state = ThrottleState(any(t.detected for t in results), tuple(results),
+                                    tuple(sorted(w.device.throttle_share_by_gpu or ())))
         ctx.throttles = results
 
     def state(self) -> ThrottleState:

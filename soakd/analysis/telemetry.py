@@ -259,6 +259,7 @@ class TelemetryStats:
         self.aggs: dict[str, Agg] = {}
         self.reason_samples: dict[str, int] = {}  # gpu -> samples that reported reasons
         self.reason_active: dict[str, dict[str, int]] = {}  # gpu -> reason -> samples it was active in
+        self.gpu_clock: dict[str, list[float]] = {}  # gpu -> [sum of its SM clock samples, their count]
         self.energy_joules = 0.0
         self.energy_seconds = 0.0
         # per GPU (uuid): the GPU error counters' values in the window (soakd.analysis.gpu_errors)
@@ -289,6 +290,11 @@ class TelemetryStats:
             if agg is None:
                 agg = self.aggs[key] = Agg()
             agg.add(v, t)
+        for s in series:
+            if s.name == "soakd_gpu_sm_clock_hertz":
+                acc = self.gpu_clock.setdefault(s.label("gpu") or "0", [0.0, 0])
+                acc[0] += s.value
+                acc[1] += 1
         for gpu, active in reasons.items():
             self.reason_samples[gpu] = self.reason_samples.get(gpu, 0) + 1
             counts = self.reason_active.get(gpu)
@@ -332,6 +338,8 @@ class TelemetryStats:
                       for gpu, counts in sorted(self.reason_active.items())}
             d.throttle_share_by_gpu = by_gpu
             d.throttle_share = {r: max(shares[r] for shares in by_gpu.values()) for r in CLOCKS_EVENT_REASON_NAMES}
+        if len(self.gpu_clock) > 1:  # one GPU: its clock is sm_clock_hertz
+            d.sm_clock_by_gpu = {gpu: total / n for gpu, (total, n) in sorted(self.gpu_clock.items()) if n}
         return d
 
     def _mean_of_counters(self, seconds: str, count: str) -> float | None:

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from soakd.analysis.stats import as_float
 from soakd.config.analysis import ThrottleConfig
 from soakd.core.summary import WindowSummary
 
-__all__ = ["ClockReference", "ThrottleResult", "clock_reference", "evaluate"]
+__all__ = ["ClockReference", "ThrottleResult", "charge_gpus", "clock_reference", "evaluate"]
 
 Window = WindowSummary
 
@@ -45,6 +45,7 @@ class ThrottleResult:
     beyond_noise: bool = False  # this window's clock below the reference by more than the bound
     beyond_windows: int = 0  # consecutive windows (this one included) beyond the bound
     latency_moving: bool = False  # latency or throughput drift (degraded) in the window
+    gpus: tuple[str, ...] = ()  # detected: the GPUs it is charged to (``charge_gpus``)
 
     @property
     def kind(self) -> Literal["thermal", "power"]:
@@ -54,6 +55,8 @@ class ThrottleResult:
 
     def message(self) -> str:
         parts = [f"{self.reason} active {self.share * 100:.0f}% of window {self.window}"]
+        if self.gpus:
+            parts[0] += f" on GPU {', '.join(self.gpus)}"
         if self.sm_clock_mean is not None:
             s = f"SM clock {self.sm_clock_mean / 1e6:.0f} MHz"
             if self.sm_clock_drop_ratio is not None:
@@ -91,9 +94,22 @@ class ClockReference:
     windows: int
 
 
-def clock_mean(w: Window) -> float | None:
+def clock_mean(w: Window, gpu: str | None = None) -> float | None:
+    """The window's mean SM clock: of every GPU, or of ``gpu`` (where the window has per-GPU clocks)."""
+    if gpu is not None:
+        return _num((w.device.sm_clock_by_gpu or {}).get(gpu))
     c = w.device.sm_clock_hertz
     return _num(c.mean) if c else None
+
+
+def _hot(pool: list[Window], cfg: ThrottleConfig, gpu: str | None = None) -> set[int | None]:
+    """The pool windows throttled by heat or the power brake (on ``gpu``, or on any GPU)."""
+    def shares(w: Window) -> dict[str, float]:
+        if gpu is None:
+            return w.device.throttle_share or {}
+        return (w.device.throttle_share_by_gpu or {}).get(gpu) or {}
+    return {w.window for w in pool if any((_num(v) or 0.0) > cfg.max_share for r, v in shares(w).items()
+                                          if r in cfg.reasons and r != "sw_power_cap")}
 
 
 def clock_reference(pool: list[Window], cfg: ThrottleConfig | None = None) -> ClockReference | None:
@@ -106,8 +122,7 @@ def clock_reference(pool: list[Window], cfg: ThrottleConfig | None = None) -> Cl
 
     cfg = cfg or ThrottleConfig()
     # a pool window throttled by heat (or the power brake) is no reference for the clock: a steady power cap is
-    hot = {w.window for w in pool if any((_num(v) or 0.0) > cfg.max_share for r, v in (w.device.throttle_share or {}).items()
-                                         if r in cfg.reasons and r != "sw_power_cap")}
+    hot = _hot(pool, cfg)
     pool = [w for w in pool if w.window not in hot] or pool
     means = [m for m in (clock_mean(w) for w in pool) if m]
     if not means:
@@ -192,4 +207,44 @@ def evaluate(window: Window, baseline: Window | None = None, cfg: ThrottleConfig
                 latency_moving=latency_drift,
             )
         )
+    return out
+
+
+def charge_gpus(results: list[ThrottleResult], window: Window, pool: list[Window],
+                cfg: ThrottleConfig | None = None) -> list[ThrottleResult]:
+    """``results`` with each detected reason charged to the GPUs it throttled (``gpus``): those with the reason
+    active beyond ``max_share`` in the window and, on a node of several GPUs whose clocks the window and the pool
+    have per GPU, the GPU's own SM clock below its own pool reference (the mean of its pool windows' means, those
+    not throttled by heat on it) by more than the noise bound the detection used. A GPU at its power cap whose
+    clock holds, beside one that throttles, is not charged: the node's detection names the one that slowed.
+    A detected reason that no such GPU had is no longer detected (the slowed GPUs name the cause). Without
+    per-GPU clocks, or where no GPU's own clock is beyond the bound (the node's mean was), every GPU with the
+    reason active is charged."""
+    cfg = cfg or ThrottleConfig()
+    by_gpu = window.device.throttle_share_by_gpu or {}
+    clocks = window.device.sm_clock_by_gpu or {}
+    charged: dict[int, tuple[list[str], list[str]]] = {}  # result -> (GPUs beyond on their own, GPUs active)
+    for i, t in enumerate(results):
+        if not t.detected:
+            continue
+        active = [gpu for gpu, shares in sorted(by_gpu.items()) if (_num(shares.get(t.reason)) or 0.0) > cfg.max_share]
+        gpus = []
+        for gpu in active:
+            if len(by_gpu) > 1 and gpu in clocks and t.clock_bound_ratio is not None:
+                hot = _hot(pool, cfg, gpu)
+                means = [m for m in (clock_mean(w, gpu) for w in pool if w.window not in hot) if m] or [
+                    m for m in (clock_mean(w, gpu) for w in pool) if m]
+                if means and 1.0 - clocks[gpu] / statistics.fmean(means) <= t.clock_bound_ratio:
+                    continue  # its own clock within the noise of its own reference: at its limit, not throttled
+            gpus.append(gpu)
+        charged[i] = (gpus, active)
+    named = any(gpus for gpus, _ in charged.values())
+    out = []
+    for i, t in enumerate(results):
+        if i not in charged:
+            out.append(t)
+        elif not named:  # no GPU's own clock beyond the bound (the node's mean was): every GPU it was active on
+            out.append(replace(t, gpus=tuple(charged[i][1])))
+        else:  # a reason no slowed GPU had (a power cap beside a GPU that throttled by heat) is not the cause
+            out.append(replace(t, gpus=tuple(charged[i][0]), detected=bool(charged[i][0])))
     return out

@@ -438,7 +438,9 @@ def _value(key: str, v: Any) -> str:
             elif "reason" in x:  # a throttle result
                 share = x.get("share")
                 drop = x.get("sm_clock_drop_ratio")
+                gpus = x.get("gpus")
                 parts.append(f"{x['reason']}" + (f" {share:.0%} of the window" if isinstance(share, int | float) else "")
+                             + (f" on GPU {', '.join(map(str, gpus))}" if isinstance(gpus, list | tuple) and gpus else "")
                              + (f", SM clock -{drop:.1%}" if isinstance(drop, int | float) else ""))
             else:
                 parts.append(json.dumps(x, sort_keys=True, default=str)[:120])

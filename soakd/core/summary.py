@@ -110,6 +110,7 @@ class DeviceSummary(_Sparse):
     memory_temperature_celsius: MeanMax | None = None
     sm_clock_hertz: RangeStat | None = None
     sm_clock_max_hertz: float | None = None
+    sm_clock_by_gpu: dict[str, float] | None = None  # gpu -> the mean of its SM clock (with more than one GPU)
     utilization_ratio: MeanMax | None = None
     throttle_share: dict[str, float] | None = None  # per reason: the largest share of any one GPU
     throttle_share_by_gpu: dict[str, dict[str, float]] | None = None  # gpu -> reason -> share of its samples

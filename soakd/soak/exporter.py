@@ -149,6 +149,11 @@ class AnalysisExporter:
         thr = BY_NAME["soakd_throttle_detected"].family()
         thr.add_metric([], 1.0 if throttle.detected else 0.0)
         yield thr
+        by_gpu = BY_NAME["soakd_throttle_gpu_detected"].family()
+        for t in throttle.results:
+            for gpu in throttle.gpus:
+                by_gpu.add_metric([gpu, t.reason], 1.0 if t.detected and gpu in t.gpus else 0.0)
+        yield by_gpu
         share = w.device.throttle_share if w is not None else None
         if share:
             sh = BY_NAME["soakd_throttle_share_ratio"].family()

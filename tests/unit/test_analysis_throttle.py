@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from soakd.analysis.throttle import clock_reference, evaluate
+from soakd.analysis.throttle import charge_gpus, clock_reference, evaluate
 from soakd.config.analysis import ThrottleConfig
 from soakd.core.reasons import CLOCKS_EVENT_REASON_NAMES, PERFORMANCE_REASONS
 from soakd.core.summary import WindowSummary
@@ -147,3 +147,68 @@ def test_a_pool_window_throttled_by_heat_is_no_clock_reference() -> None:
     assert ref is not None and ref.windows == 3 and ref.hertz == pytest.approx(1.75e9)
     hot = [window(i, shares={"sw_thermal": 0.5}, sm_mean=1.5e9 + i * 1e7) for i in range(2)]
     assert clock_reference(hot).windows == 2  # nothing else: the pool as it is
+
+
+def two_gpus(i: int, *, shares: dict[str, dict[str, float]], clocks: dict[str, float] | None) -> WindowSummary:
+    """A window of a node with two GPUs: per-GPU reason shares and (unless None) per-GPU SM clock means."""
+    d = device({r: max(s.get(r, 0.0) for s in shares.values()) for r in CLOCKS_EVENT_REASON_NAMES},
+               sm_mean=sum((clocks or {"0": 1.9e9}).values()) / len(clocks or {"0": 1.9e9}))
+    d["throttle_share_by_gpu"] = {g: {r: s.get(r, 0.0) for r in CLOCKS_EVENT_REASON_NAMES} for g, s in shares.items()}
+    if clocks is not None:
+        d["sm_clock_by_gpu"] = clocks
+    return WindowSummary.load({"window": i, "device": d})
+
+
+def test_throttling_is_charged_to_the_gpu_whose_clock_fell_not_to_the_one_at_its_power_cap_beside_it() -> None:
+    """GPU 0 throttles by heat (its clock -20%), GPU 1 sits at its power cap with its clock where it was: the
+    node's mean clock fell 10%, so the node's judgement detects both reasons; charged per GPU, only GPU 0's
+    hw_thermal is throttling (what soakd_throttle_gpu_detected and SoakdGPUThrottling page on), GPU 1's power
+    cap is not (before: both were detected, and the alert paged GPU 1 too)."""
+    cap = {"0": {}, "1": {"sw_power_cap": 1.0}}
+    pool = [two_gpus(i, shares=cap, clocks={"0": 1.9e9, "1": 1.75e9}) for i in range(4)]
+    w = two_gpus(12, shares={"0": {"hw_thermal": 0.8}, "1": {"sw_power_cap": 1.0}},
+                 clocks={"0": 1.9e9 * 0.8, "1": 1.75e9})
+    results = evaluate(w, None, reference=clock_reference(pool), latency_drift=True, beyond_before=1)
+    assert {r.reason for r in results if r.detected} == {"hw_thermal", "sw_power_cap"}  # the node's judgement
+    charged = {r.reason: r for r in charge_gpus(results, w, pool)}
+    assert charged["hw_thermal"].detected and charged["hw_thermal"].gpus == ("0",)
+    assert not charged["sw_power_cap"].detected and charged["sw_power_cap"].gpus == ()
+    assert charged["sw_power_cap"].impact and charged["sw_power_cap"].active  # the node's impact, not this GPU's
+    assert "hw_thermal active 80% of window 12 on GPU 0" in charged["hw_thermal"].message()
+    # both GPUs' clocks fell: both are charged
+    both = two_gpus(13, shares={"0": {"hw_thermal": 0.8}, "1": {"sw_power_cap": 1.0}},
+                    clocks={"0": 1.9e9 * 0.8, "1": 1.75e9 * 0.85})
+    results = evaluate(both, None, reference=clock_reference(pool), latency_drift=True, beyond_before=1)
+    charged = {r.reason: r for r in charge_gpus(results, both, pool)}
+    assert charged["hw_thermal"].gpus == ("0",) and charged["sw_power_cap"].gpus == ("1",)
+    assert charged["hw_thermal"].detected and charged["sw_power_cap"].detected
+
+
+def test_without_per_gpu_clocks_a_detected_reason_is_charged_to_every_gpu_it_was_active_on() -> None:
+    shares = {"0": {"sw_thermal": 0.6}, "1": {"sw_thermal": 0.3}}
+    pool = [two_gpus(i, shares={"0": {}, "1": {}}, clocks=None) for i in range(4)]
+    w = two_gpus(9, shares=shares, clocks=None)
+    w.device.sm_clock_hertz.mean = 1.9e9 * 0.85
+    results = evaluate(w, None, reference=clock_reference(pool), latency_drift=True, beyond_before=1)
+    (r,) = [r for r in charge_gpus(results, w, pool) if r.reason == "sw_thermal"]
+    assert r.detected and r.gpus == ("0", "1")
+    # nothing detected: nothing charged
+    calm = evaluate(w, None, reference=clock_reference(pool), latency_drift=False, beyond_before=1)
+    assert all(not r.detected and r.gpus == () for r in charge_gpus(calm, w, pool))
+
+
+def test_a_window_of_several_gpus_keeps_each_gpus_mean_sm_clock() -> None:
+    from soakd.analysis.telemetry import TelemetryStats
+    from soakd.core.series import series
+
+    tel = TelemetryStats()
+    for t, (c0, c1) in enumerate(((1.9e9, 1.5e9), (1.7e9, 1.5e9))):
+        tel.add([series("soakd_gpu_sm_clock_hertz", c0, gpu="0", uuid="GPU-a"),
+                 series("soakd_gpu_sm_clock_hertz", c1, gpu="1", uuid="GPU-b"),
+                 series("soakd_gpu_clocks_event_active", 1.0, gpu="1", uuid="GPU-b", reason="sw_power_cap")], float(t))
+    d = tel.device(0)
+    assert d.sm_clock_by_gpu == {"0": pytest.approx(1.8e9), "1": pytest.approx(1.5e9)}
+    assert d.sm_clock_hertz.mean == pytest.approx(1.65e9) and d.throttle_share_by_gpu["1"]["sw_power_cap"] == 1.0
+    one = TelemetryStats()
+    one.add([series("soakd_gpu_sm_clock_hertz", 1.9e9, gpu="0", uuid="GPU-a")], 0.0)
+    assert one.device(0).sm_clock_by_gpu is None  # one GPU: its clock is sm_clock_hertz
