@@ -10,7 +10,8 @@ Nothing in soakd knows the time is simulated: the window set reads a ``ManualClo
 
 Per cell it prints the share of runs whose final verdict FAILs, the share with any live flag
 (a window in which ``soakd_drift_detected``, ``soakd_memory_leak_suspected`` or
-``soakd_throttle_detected`` was 1 — what alerts page on), which findings caused them, and for
+``soakd_throttle_detected`` was 1 — what alerts page on; the simulated node has one GPU, whose
+``soakd_throttle_gpu_detected`` is the node's), which findings caused them, and for
 detection cells the share that FAILed by the window the target names.
 
 Noise models (per request, multiplicative on every latency):
@@ -459,7 +460,7 @@ class RunResult:
     ab_confident: bool = False  # a confident worse A/B difference (a window or the run)
     page_window: int | None = None  # the first window at which soakd_drift_detected went to 1 (any metric)
     live_leak: bool = False  # soakd_memory_leak_suspected 1 (a byte source) after some window: the leak page
-    live_throttle: bool = False  # soakd_throttle_detected 1 after some window: the throttling page
+    live_throttle: bool = False  # soakd_throttle_detected 1 after some window: the throttling page (one GPU)
     final_leak: bool = False  # a leak suspected by the run's last judgement
     withdrawn: bool = False  # a 'leak page withdrawn' finding
     answer: str = ""  # issue 21 item 6: the result, and whether an errors finding named the error window

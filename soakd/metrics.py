@@ -242,8 +242,9 @@ CATALOGUE: tuple[MetricSpec, ...] = (
                group="analysis"),
     MetricSpec("soakd_throttle_gpu_detected", "gauge",
                "1 for the GPU and clocks-event reason the last window's throttling (soakd_throttle_detected) is charged "
-               "to: the reason active on that GPU beyond its share and, with several GPUs, the GPU's own SM clock below "
-               "its own baseline beyond the noise bound; 0 for the others (a GPU at its power cap whose clock holds).",
+               "to: a heat or power-brake reason active on that GPU beyond its share; a power cap, on a node of several "
+               "GPUs, only where the GPU's own SM clock fell below its own baseline beyond its noise; 0 for the others "
+               "(a GPU at its power cap whose clock holds beside one that slowed).",
                ("gpu", "reason"), group="analysis"),
     MetricSpec("soakd_throttle_share_ratio", "gauge",
                "Share of the last window's samples with the clocks-event reason active.", ("reason",),

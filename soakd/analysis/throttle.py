@@ -112,19 +112,21 @@ def _hot(pool: list[Window], cfg: ThrottleConfig, gpu: str | None = None) -> set
                                           if r in cfg.reasons and r != "sw_power_cap")}
 
 
-def clock_reference(pool: list[Window], cfg: ThrottleConfig | None = None) -> ClockReference | None:
+def clock_reference(pool: list[Window], cfg: ThrottleConfig | None = None,
+                    gpu: str | None = None) -> ClockReference | None:
     """The reference from the pool windows that have an SM clock (those not throttled by heat or the power
     brake, when any are left): their mean, the spread of their means
     (relative, at least ``clock_noise_floor``), and the one-sided prediction bound for one more window
     mean, ``t(clock_confidence, n - 1) x spread x sqrt(1 + 1/n)`` (a single window: the normal
-    quantile on the floor), at least ``clock_drop_ratio``."""
+    quantile on the floor), at least ``clock_drop_ratio``. ``gpu``: one GPU's (its own clock and reasons,
+    from windows with per-GPU clocks)."""
     from scipy import stats  # noqa: PLC0415  (only where a pool is judged)
 
     cfg = cfg or ThrottleConfig()
     # a pool window throttled by heat (or the power brake) is no reference for the clock: a steady power cap is
-    hot = _hot(pool, cfg)
+    hot = _hot(pool, cfg, gpu)
     pool = [w for w in pool if w.window not in hot] or pool
-    means = [m for m in (clock_mean(w) for w in pool) if m]
+    means = [m for m in (clock_mean(w, gpu) for w in pool) if m]
     if not means:
         return None
     ref = statistics.fmean(means)
@@ -212,39 +214,33 @@ def evaluate(window: Window, baseline: Window | None = None, cfg: ThrottleConfig
 
 def charge_gpus(results: list[ThrottleResult], window: Window, pool: list[Window],
                 cfg: ThrottleConfig | None = None) -> list[ThrottleResult]:
-    """``results`` with each detected reason charged to the GPUs it throttled (``gpus``): those with the reason
-    active beyond ``max_share`` in the window and, on a node of several GPUs whose clocks the window and the pool
-    have per GPU, the GPU's own SM clock below its own pool reference (the mean of its pool windows' means, those
-    not throttled by heat on it) by more than the noise bound the detection used. A GPU at its power cap whose
-    clock holds, beside one that throttles, is not charged: the node's detection names the one that slowed.
-    A detected reason that no such GPU had is no longer detected (the slowed GPUs name the cause). Without
-    per-GPU clocks, or where no GPU's own clock is beyond the bound (the node's mean was), every GPU with the
-    reason active is charged."""
+    """``results`` with each detected reason charged to the GPUs it throttled (``gpus``).
+
+    A heat or power-brake reason (``sw_thermal``, ``hw_thermal``, ``hw_slowdown``, ``hw_power_brake``) is
+    charged to every GPU it was active on beyond ``max_share``. A power cap (``sw_power_cap``), on a node of
+    several GPUs whose clocks the window has per GPU, only to the GPUs whose own SM clock fell: below their own
+    pool reference beyond their own noise bound (``clock_reference`` of that GPU). A GPU at its power cap whose
+    clock holds, beside one that slowed, is not charged, and a power cap that no slowed GPU had is no longer
+    detected (the slowed GPU names the cause; where its own reason was too brief to count, the latency drift is
+    the finding). Where no GPU's own clock fell beyond its bound (only the node's mean did), every GPU with the
+    cap active is charged, as without per-GPU clocks."""
     cfg = cfg or ThrottleConfig()
     by_gpu = window.device.throttle_share_by_gpu or {}
     clocks = window.device.sm_clock_by_gpu or {}
-    charged: dict[int, tuple[list[str], list[str]]] = {}  # result -> (GPUs beyond on their own, GPUs active)
-    for i, t in enumerate(results):
-        if not t.detected:
-            continue
-        active = [gpu for gpu, shares in sorted(by_gpu.items()) if (_num(shares.get(t.reason)) or 0.0) > cfg.max_share]
-        gpus = []
-        for gpu in active:
-            if len(by_gpu) > 1 and gpu in clocks and t.clock_bound_ratio is not None:
-                hot = _hot(pool, cfg, gpu)
-                means = [m for m in (clock_mean(w, gpu) for w in pool if w.window not in hot) if m] or [
-                    m for m in (clock_mean(w, gpu) for w in pool) if m]
-                if means and 1.0 - clocks[gpu] / statistics.fmean(means) <= t.clock_bound_ratio:
-                    continue  # its own clock within the noise of its own reference: at its limit, not throttled
-            gpus.append(gpu)
-        charged[i] = (gpus, active)
-    named = any(gpus for gpus, _ in charged.values())
+    slowed: set[str] = set()
+    for gpu, clock in clocks.items() if len(by_gpu) > 1 else ():
+        ref = clock_reference(pool, cfg, gpu)
+        if ref is None or 1.0 - clock / ref.hertz > ref.bound_ratio:  # no reference of its own: not cleared
+            slowed.add(gpu)
     out = []
-    for i, t in enumerate(results):
-        if i not in charged:
+    for t in results:
+        if not t.detected:
             out.append(t)
-        elif not named:  # no GPU's own clock beyond the bound (the node's mean was): every GPU it was active on
-            out.append(replace(t, gpus=tuple(charged[i][1])))
-        else:  # a reason no slowed GPU had (a power cap beside a GPU that throttled by heat) is not the cause
-            out.append(replace(t, gpus=tuple(charged[i][0]), detected=bool(charged[i][0])))
+            continue
+        active = tuple(g for g, shares in sorted(by_gpu.items()) if (_num(shares.get(t.reason)) or 0.0) > cfg.max_share)
+        if t.reason != "sw_power_cap" or not slowed:
+            out.append(replace(t, gpus=active))
+        else:
+            gpus = tuple(g for g in active if g in slowed or g not in clocks)
+            out.append(replace(t, gpus=gpus, detected=bool(gpus)))
     return out

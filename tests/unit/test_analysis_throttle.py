@@ -184,17 +184,61 @@ def test_throttling_is_charged_to_the_gpu_whose_clock_fell_not_to_the_one_at_its
     assert charged["hw_thermal"].detected and charged["sw_power_cap"].detected
 
 
-def test_without_per_gpu_clocks_a_detected_reason_is_charged_to_every_gpu_it_was_active_on() -> None:
-    shares = {"0": {"sw_thermal": 0.6}, "1": {"sw_thermal": 0.3}}
+def test_a_power_cap_is_charged_to_every_gpu_it_was_active_on_where_no_gpu_own_clock_tells_them_apart() -> None:
+    """Without per-GPU clocks, or where no GPU's own clock fell beyond its own bound (only the node's mean did),
+    a detected power cap is charged to every GPU it was active on (the node's judgement, as before)."""
+    shares = {"0": {"sw_power_cap": 0.6}, "1": {"sw_power_cap": 0.3}}
     pool = [two_gpus(i, shares={"0": {}, "1": {}}, clocks=None) for i in range(4)]
     w = two_gpus(9, shares=shares, clocks=None)
     w.device.sm_clock_hertz.mean = 1.9e9 * 0.85
     results = evaluate(w, None, reference=clock_reference(pool), latency_drift=True, beyond_before=1)
-    (r,) = [r for r in charge_gpus(results, w, pool) if r.reason == "sw_thermal"]
+    (r,) = [r for r in charge_gpus(results, w, pool) if r.reason == "sw_power_cap"]
+    assert r.detected and r.gpus == ("0", "1")
+    # per-GPU clocks that each fell 2.5%, within each GPU's own 3% bound, while the node's mean is beyond it
+    # (the node's reference is a little higher): nothing tells them apart, both are charged
+    pool = [two_gpus(i, shares={"0": {}, "1": {}}, clocks={"0": 1.9e9, "1": 1.9e9}) for i in range(4)]
+    for p in pool:
+        p.device.sm_clock_hertz.mean = 1.96e9
+    w = two_gpus(9, shares=shares, clocks={"0": 1.9e9 * 0.975, "1": 1.9e9 * 0.975})
+    results = evaluate(w, None, reference=clock_reference(pool), latency_drift=True, beyond_before=1)
+    (r,) = [r for r in charge_gpus(results, w, pool) if r.reason == "sw_power_cap"]
     assert r.detected and r.gpus == ("0", "1")
     # nothing detected: nothing charged
     calm = evaluate(w, None, reference=clock_reference(pool), latency_drift=False, beyond_before=1)
     assert all(not r.detected and r.gpus == () for r in charge_gpus(calm, w, pool))
+
+
+def test_a_gpu_whose_own_reason_was_too_brief_to_count_does_not_make_its_neighbours_power_cap_the_cause() -> None:
+    """GPU 0's clock fell 30% with hw_slowdown active only 8% of the window (below max_share); GPU 1 sat at its
+    power cap, its clock steady. The node's mean fell, so the node's judgement detects sw_power_cap; GPU 1 is not
+    what slowed, so the cap is not detected and nothing is charged (the latency drift is the finding)."""
+    pool = [two_gpus(i, shares={"0": {}, "1": {"sw_power_cap": 1.0}}, clocks={"0": 1.9e9, "1": 1.75e9})
+            for i in range(4)]
+    w = two_gpus(12, shares={"0": {"hw_slowdown": 0.08}, "1": {"sw_power_cap": 1.0}},
+                 clocks={"0": 1.9e9 * 0.7, "1": 1.75e9})
+    results = evaluate(w, None, reference=clock_reference(pool), latency_drift=True, beyond_before=1)
+    assert [r.reason for r in results if r.detected] == ["sw_power_cap"]
+    charged = charge_gpus(results, w, pool)
+    assert not any(r.detected for r in charged) and all(r.gpus == () for r in charged)
+
+
+def test_heat_is_charged_to_every_gpu_it_was_active_on_whatever_each_clock_did() -> None:
+    """Four GPUs, hw_thermal active on all of them, their clocks down 10%, 5%, 4% and 2.5%: every one is throttled
+    by heat (none is a GPU at its limit), so every one is charged, the last one's 2.5% drop inside its own 3% bound
+    too (a page that named only some of them would change from window to window)."""
+    gpus = ("0", "1", "2", "3")
+    base = {g: 1.9e9 for g in gpus}
+    pool = [WindowSummary.load({"window": i, "device": dict(device({}), sm_clock_by_gpu=base,
+                                                              throttle_share_by_gpu={g: {} for g in gpus})})
+            for i in range(4)]
+    clocks = {g: 1.9e9 * (1 - d) for g, d in zip(gpus, (0.10, 0.05, 0.04, 0.025), strict=True)}
+    d = device({"hw_thermal": 0.9}, sm_mean=sum(clocks.values()) / 4)
+    d["sm_clock_by_gpu"] = clocks
+    d["throttle_share_by_gpu"] = {g: {"hw_thermal": 0.9} for g in gpus}
+    w = WindowSummary.load({"window": 12, "device": d})
+    results = evaluate(w, None, reference=clock_reference(pool), latency_drift=True, beyond_before=1)
+    (r,) = [r for r in charge_gpus(results, w, pool) if r.reason == "hw_thermal"]
+    assert r.detected and r.gpus == gpus
 
 
 def test_a_window_of_several_gpus_keeps_each_gpus_mean_sm_clock() -> None:
