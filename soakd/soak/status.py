@@ -226,6 +226,7 @@ class StatusBoard:
             "leaks": {k: {"status": v.status, "growth_per_hour": v.growth_per_hour, "suspected": v.suspected}
                       for k, v in leaks.leaks.items()},
             "throttle_detected": states["throttle"].detected,
+            "throttled_gpus": {t.reason: list(t.gpus) for t in states["throttle"].results if t.detected},
             "canary": self.canary.status() if self.canary is not None else None,
             "quiesce_probes": probes.quiesce_probes,
             "last_quiesce": probes.last_quiesce.model_dump() if probes.last_quiesce is not None else None,
