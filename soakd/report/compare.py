@@ -35,6 +35,7 @@ from soakd.config import AnalysisConfig
 from soakd.config.analysis import DriftConfig
 from soakd.core.summary import WindowSummary
 from soakd.core.tracked import METRICS
+from soakd.report.format import finding_group_lines, finding_views, verdict_lines, verdict_title
 from soakd.report.model import RunReport
 
 __all__ = ["CompareError", "compare_reports", "compare_windows", "format_compare"]
@@ -77,9 +78,26 @@ def compare_reports(a: Path, b: Path, config: AnalysisConfig | None = None) -> d
     ra, rb = _load(a), _load(b)
     doc = compare_windows(ra.windows, rb.windows, config, a_id=ra.run.id, b_id=rb.run.id,
                           also_tracked=[*_tracked(ra), *_tracked(rb)])
-    doc["reference"].update({"report": str(a), "target": ra.run.target, "model": ra.run.model})
-    doc["candidate"].update({"report": str(b), "target": rb.run.target, "model": rb.run.model})
+    doc["reference"].update({"report": str(a), "target": ra.run.target, "model": ra.run.model,
+                             "verdict": _own_verdict(ra)})
+    doc["candidate"].update({"report": str(b), "target": rb.run.target, "model": rb.run.model,
+                             "verdict": _own_verdict(rb)})
     return doc
+
+
+def _own_verdict(report: RunReport) -> dict[str, Any]:
+    """A run's own verdict and findings, shown beside the paired comparison: a run can be no worse than the other
+    on every tracked metric and still have failed on its own account (a hang, a leak, throttling, errors)."""
+    views = finding_views(report.finding_events())
+    return {
+        "result": verdict_title(report),
+        "exit_code": report.verdict.exit_code,
+        "why": verdict_lines(report, brief=True),
+        "findings": [{"kind": fv.finding.kind, "diagnosis": fv.finding.diagnosis, "severity": fv.finding.severity,
+                      "fails": fv.fails, "where": fv.where, "message": fv.finding.message,
+                      "evidence": fv.evidence_text} for fv in views],
+        "lines": finding_group_lines(views, indent="  ") if views else [],
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -332,6 +350,12 @@ def format_compare(doc: dict[str, Any], markdown: bool = False) -> str:
                 by[x["reason"]].append(x["window"])
             some += [f"{m['metric']} {_in_windows(ks)}: {r}" for r, ks in by.items()]
     tail = _worse_text(doc)
+    own = [(name, x["verdict"]) for name, x in (("A", a), ("B", b)) if x.get("verdict")]
+
+    def own_head(name: str, v: dict[str, Any]) -> str:
+        return f"{name}'s own verdict: {v['result']}" + (f" — {v['why'][0]}" if v["why"] else "") + \
+            f" (exit code {v['exit_code']})"
+
     if markdown:
         lines = [f"# {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
@@ -339,6 +363,10 @@ def format_compare(doc: dict[str, Any], markdown: bool = False) -> str:
             lines += ["", "Windows left out:", "", *[f"- {n}" for n in notes]]
         if some:
             lines += ["", "Left out of one metric:", "", *[f"- {n}" for n in some]]
+        for name, v in own:
+            lines += ["", f"## {own_head(name, v)}", "", *[f"- {w}" for w in v["why"][1:]]]
+            if v["lines"]:
+                lines += ["", "```", *v["lines"], "```"]
         return "\n".join([*lines, "", f"**{tail}.**", ""])
     widths = [max(len(x[i]) for x in [head, *rows]) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head, *rows]]
@@ -346,5 +374,7 @@ def format_compare(doc: dict[str, Any], markdown: bool = False) -> str:
         lines += ["windows left out:", *[f"  {n}" for n in notes]]
     if some:
         lines += ["left out of one metric:", *[f"  {n}" for n in some]]
+    for name, v in own:
+        lines += [own_head(name, v), *[f"   - {w}" for w in v["why"][1:]], *v["lines"]]
     return title + "\n" + "\n".join(lines) + f"\n{tail}\n"
 

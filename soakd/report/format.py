@@ -116,6 +116,29 @@ def finding_views(events: Sequence[ReportEvent]) -> list[FindingView]:
     return out
 
 
+def finding_group_lines(views: Sequence[FindingView], indent: str = " ") -> list[str]:
+    """The findings in a few lines (the terminal summary, ``soakd compare``): a count, then one entry per
+    diagnosis, failing first, then by severity: how often, where, the first one's words and evidence."""
+    rank = {"critical": 2, "warning": 1}
+    groups: dict[tuple[str, bool], list[FindingView]] = {}
+    for fv in views:
+        groups.setdefault((fv.finding.diagnosis, fv.fails), []).append(fv)
+    order = sorted(groups.items(), key=lambda kv: (not kv[0][1], {"critical": 0, "warning": 1}.get(
+        max((fv.finding.severity for fv in kv[1]), key=lambda s: rank.get(s, 0)), 2)))
+    failing = sum(fv.fails for fv in views)
+    lines = [f"{indent}findings ({len(views)}" + (f", {failing} failing the run" if failing else "") + "):"]
+    for (_diag, fails), items in order:
+        first = items[0]
+        f = first.finding
+        where = ", ".join(dict.fromkeys(fv.where for fv in items))
+        count = f" x{len(items)}" if len(items) > 1 else ""
+        lines.append(f"{indent} - [{f.severity}]{' FAILS' if fails else ''} {f.label}{count} ({where[:80]}): "
+                     f"{f.message[:160]}")
+        if first.evidence:
+            lines.append(f"{indent}     evidence: {first.evidence_text[:200]}")
+    return lines
+
+
 def sections(report: RunReport) -> list[tuple[str, str, list[FindingView]]]:
     """(section id, title, its findings) in the registry's order; failing findings first."""
     return [(sid, title, finding_views(items)) for sid, title, items in report.by_section()]

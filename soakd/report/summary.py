@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from soakd.report.format import finding_views, verdict_lines, verdict_title
+from soakd.report.format import finding_group_lines, finding_views, verdict_lines, verdict_title
 from soakd.report.model import RunReport
 
 
@@ -48,24 +48,8 @@ def format_summary(report: RunReport | dict[str, Any], process: Any = None) -> s
     lines.append(f" requests measured: {measured}   outcomes: " + ", ".join(f"{k}={n}" for k, n in outcomes.items() if n))
     views = finding_views(report.finding_events())
     if views:
-        # one entry per diagnosis (failing first, then by severity): how often, where, the first one's words
-        groups: dict[tuple[str, bool], list[Any]] = {}
-        for fv in views:
-            groups.setdefault((fv.finding.diagnosis, fv.fails), []).append(fv)
-        order = sorted(groups.items(), key=lambda kv: (not kv[0][1], {"critical": 0, "warning": 1}.get(
-            max((fv.finding.severity for fv in kv[1]), key=lambda s: {"critical": 2, "warning": 1}.get(s, 0)), 2)))
-        failing = sum(fv.fails for fv in views)
         lines.append("")
-        lines.append(f" findings ({len(views)}" + (f", {failing} failing the run" if failing else "") + "):")
-        for (_diag, fails), items in order:
-            first = items[0]
-            f = first.finding
-            where = ", ".join(dict.fromkeys(fv.where for fv in items))
-            count = f" x{len(items)}" if len(items) > 1 else ""
-            lines.append(f"  - [{f.severity}]{' FAILS' if fails else ''} {f.label}{count} ({where[:80]}): "
-                         f"{f.message[:160]}")
-            if first.evidence:
-                lines.append(f"      evidence: {first.evidence_text[:200]}")
+        lines += finding_group_lines(views)
     v = report.verdict
     lines.append("")
     why = verdict_lines(report, brief=True)

@@ -17,6 +17,7 @@ import asyncio
 import io
 import json
 import random
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -187,10 +188,25 @@ def every(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Finding], Any]
         return findings, build_report(rd, "every")
 
 
-@pytest.mark.parametrize("fmt", ["md", "html", "junit", "summary"])
+def _compare(report: Any, markdown: bool = False) -> str:
+    """``soakd compare`` of the report against itself: each run's own verdict and findings beside the pairing."""
+    from soakd.report import render_json
+    from soakd.report.compare import compare_reports, format_compare
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "report.json"
+        path.write_text(render_json(report), encoding="utf-8")
+        return format_compare(compare_reports(path, path), markdown=markdown)
+
+
+OUTPUTS: dict[str, Any] = {"md": render_markdown, "html": render_html, "junit": render_junit, "summary": format_summary,
+                           "compare": _compare, "compare-md": lambda r: _compare(r, markdown=True)}
+
+
+@pytest.mark.parametrize("fmt", list(OUTPUTS))
 def test_every_finding_appears_with_its_evidence(every: tuple[list[Finding], Any], fmt: str) -> None:
     findings, report = every
-    text = {"md": render_markdown, "html": render_html, "junit": render_junit, "summary": format_summary}[fmt](report)
+    text = OUTPUTS[fmt](report)
     if fmt in ("html", "junit"):
         import html
 
@@ -199,20 +215,19 @@ def test_every_finding_appears_with_its_evidence(every: tuple[list[Finding], Any
         _, shown = EXAMPLES[f.diagnosis]
         assert f.title in text, (fmt, f.diagnosis)
         assert shown in text, (fmt, f.diagnosis, shown)
-        if fmt != "summary":  # the summary groups findings by diagnosis: the words of the first
+        if fmt not in ("summary", "compare", "compare-md"):  # grouped by diagnosis: the words of the first
             assert f.message in text, (fmt, f.diagnosis)
     if fmt in ("md", "html"):
         assert text.count("fails the run") >= sum(_fails(f) for f in findings)
 
 
-@pytest.mark.parametrize("fmt", ["md", "html", "junit", "summary"])
+@pytest.mark.parametrize("fmt", list(OUTPUTS))
 def test_the_verdicts_notes_are_said_in_every_output(every: tuple[list[Finding], Any], fmt: str) -> None:
     """A leak page withdrawn by the run's last judgement is in the verdict's lines, as not failing (issue 21)."""
     import html
 
     _, report = every
-    text = html.unescape({"md": render_markdown, "html": render_html, "junit": render_junit,
-                          "summary": format_summary}[fmt](report))
+    text = html.unescape(OUTPUTS[fmt](report))
     (note,) = report.verdict.notes
     assert f"warning · Leak page withdrawn · run (not failing): {note.message}" in text, fmt
 
