@@ -150,6 +150,9 @@ def test_runbook_anchors_exist() -> None:
         assert d.runbook in anchors, (d.name, d.runbook)
 
 
+BASELINE_NOT_STABLE = "baseline not stable: e2e_p50 moved from window 2 (reference: windows [0, 1])"
+
+
 async def _store(state: Path) -> tuple[list[Finding], RunVerdict]:
     rng = random.Random(3)
     findings = [_example(i, d) for i, d in enumerate(DIAGNOSES)]
@@ -166,6 +169,8 @@ async def _store(state: Path) -> tuple[list[Finding], RunVerdict]:
         for i in range(8):
             w = make_window(i, rng, 1000, duration=WINDOW, start_unix=T0 + i * WINDOW)
             await store.save_window("every", i, 0, w, False)
+        await store.add_event("every", "baseline", "warning", BASELINE_NOT_STABLE, {"checks": {"e2e_p50": {
+            "reference": [0, 1], "moved_from": 2, "dropped": [], "stat": 4.2}}}, 3, t_unix=T0 + 0.5)
         for i, f in enumerate(findings):
             data = f.judged(_fails(f), None).to_dict()
             if f.kind == "ab":
@@ -230,6 +235,16 @@ def test_the_verdicts_notes_are_said_in_every_output(every: tuple[list[Finding],
     text = html.unescape(OUTPUTS[fmt](report))
     (note,) = report.verdict.notes
     assert f"warning · Leak page withdrawn · run (not failing): {note.message}" in text, fmt
+
+
+@pytest.mark.parametrize("fmt", list(OUTPUTS))
+def test_a_baseline_that_was_not_stable_is_said_in_every_output(every: tuple[list[Finding], Any], fmt: str) -> None:
+    """The pool's check found a change inside it (issue 21 item 1): what the drift comparisons were made against is
+    part of what the verdict rests on, in every output (it used to be only an event of the Markdown and HTML)."""
+    import html
+
+    _, report = every
+    assert f"{BASELINE_NOT_STABLE} (said as the pool closed, window 3)" in html.unescape(OUTPUTS[fmt](report)), fmt
 
 
 def test_junit_fails_the_case_of_each_failing_kind_and_metric(every: tuple[list[Finding], Any]) -> None:
