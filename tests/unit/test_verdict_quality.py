@@ -100,6 +100,44 @@ def test_sparse_heavy_tailed_streams_are_not_a_freeze(vq: ModuleType, seed: int)
     assert not r.freeze and not r.failed, r.reasons
 
 
+# issue 21 items 1, 2, 5 and 6: a regression inside the pool, pages within two windows, tails, fast 429s
+
+
+@pytest.mark.parametrize("name", ["pool-step-1", "pool-step-2"])
+def test_a_regression_that_begins_inside_the_pool_fails_the_run_from_its_window(vq: ModuleType, name: str) -> None:
+    for seed in (1, 2):
+        r = run(vq, name, seed)
+        assert r.failed and r.fail_window == int(name[-1]), (seed, r.fail_window, r.reasons)
+
+
+def test_a_blip_in_the_pool_does_not_hide_a_later_step(vq: ModuleType) -> None:
+    for seed in (1, 2):
+        r = run(vq, "pool-blip-8", seed)
+        assert r.failed and r.fail_window is not None and 12 <= r.fail_window <= 14, (seed, r.fail_window, r.reasons)
+        assert r.page_window is not None and 12 <= r.page_window <= 13, (seed, r.page_window)
+
+
+@pytest.mark.parametrize(("name", "by"), [("page-10", 13), ("page-20", 12)])
+def test_a_step_is_paged_within_its_windows(vq: ModuleType, name: str, by: int) -> None:
+    for seed in (1, 2):
+        r = run(vq, name, seed)
+        assert r.page_window is not None and 12 <= r.page_window <= by, (seed, r.page_window, r.reasons)
+
+
+def test_one_percent_of_requests_eight_times_slower_fails_on_a_tail(vq: ModuleType) -> None:
+    """p99 +60%, p95 +5%: found through the p99s tracked by default (paged after the step, never before it)."""
+    for seed in (1, 2):
+        r = run(vq, "tail-1pct-8x", seed)
+        assert r.failed and r.page_window is not None and r.page_window >= 12, (seed, r.page_window, r.reasons)
+
+
+@pytest.mark.parametrize("name", ["errors-429-2pct", "errors-429-3pct"])
+def test_a_burst_of_fast_429s_is_an_errors_finding_not_a_drift_fail(vq: ModuleType, name: str) -> None:
+    for seed in (1, 2):
+        r = run(vq, name, seed)
+        assert r.answer == "PASS + errors finding" and not r.failed, (seed, r.answer, r.reasons)
+
+
 # issue 21 items 3 and 4: a power cap that wanders, thermal throttling, a garbage collector's sawtooth
 
 
