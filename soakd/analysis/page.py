@@ -102,9 +102,12 @@ def noise_floor(series: list[Level], moved_from: int | None = None, dropped: fro
     confidence bound (chi-square at its degrees of freedom) less the windows' own variance. Nothing is
     winsorised (the live rule passes the windows before the segments it tests: a step it is about to
     page on is not in them, and load that wanders over hours is what the floor is for). The pool check's
-    findings are left out: the windows it dropped, the difference across the change it found."""
+    findings are left out: the windows it dropped and the differences across them (windows that differ from the
+    pool's others may be a step's first windows: the difference from before them to after them holds the step),
+    the difference across the change it found."""
     series = [lv for lv in series if lv.window not in dropped]
-    pairs = [(a, b) for a, b in zip(series, series[1:]) if moved_from is None or not a.window < moved_from <= b.window]
+    pairs = [(a, b) for a, b in zip(series, series[1:]) if (moved_from is None or not a.window < moved_from <= b.window)
+             and not any(a.window < d < b.window for d in dropped)]
     if not pairs:
         return 0.0
     df = len(pairs)

@@ -106,6 +106,20 @@ def _first_page(ys: list[float], cfg: DriftConfig, var: float = VAR, pool: int =
     return None
 
 
+def test_the_noise_floor_never_spans_the_windows_the_pool_check_dropped() -> None:
+    """A +10% step from pool window 2: the live check (no step test) drops windows 2 and 3 as differing. The
+    difference from window 1 to window 4 spans the step: paired across the dropped windows it made a noise floor
+    of the step's own size, and the step was paged hours late (window 16 of 24 with seed 1 of the benchmark's
+    pool-step-2 cell, never with seed 9; now windows 8-10)."""
+    ys = [0.0, 0.0, *[math.log1p(0.10)] * 8]
+    series = levels(ys)
+    check = check_pool("e2e_p50", series[:4], DriftConfig(), steps=False)
+    assert check.dropped == (2, 3)
+    tau2 = noise_floor(series, dropped=frozenset(check.dropped))
+    assert tau2 == pytest.approx(noise_floor(levels([0.0] * 7)))  # as flat as six equal pairs: the step is no noise
+    assert noise_floor(series[:2] + series[4:]) > 5 * tau2  # the pairing across them: the step as noise
+
+
 def test_a_step_pages_within_two_windows_and_stationary_noise_never_pages() -> None:
     cfg = DriftConfig()
     paged = [_first_page(noisy(random.Random(300 + s), 24, step_at=12, step=0.10), cfg) for s in range(40)]
