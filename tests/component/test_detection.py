@@ -472,10 +472,13 @@ async def test_device_memory_leak_is_diagnosed_as_memory_leak(tmp_path: Path) ->
     assert f.diagnosis == "memory leak" and f.severity == "critical"
     ev = f.evidence
     assert ev["source"] == "device_memory" and ev["unit"] == "bytes" and ev["points"] == "probes"
-    # 6 probes in the sustained part (8 - 8 // 3), judged by least squares; the 9th where a busy loop read a
-    # probe's memory late after its recorded time (1 GiB a second: a few hundred ms is a few hundred MiB off the line)
+    # 6 probes in the sustained part (8 - 8 // 3), judged by least squares: never before the 8th probe; later where
+    # a loop read a probe's memory late after its recorded time (1 GiB a second: a few hundred ms is a few hundred
+    # MiB off the line, and the interval widens). The fresh-clone make test of a17b677 paged at the 10th on an idle
+    # machine; the least-squares page on exact probe times is pinned on simulated time (tests/unit/test_leak_probes.py)
     n = ev["n_windows"]
-    assert n in (8, 9) and ev["pattern"] == "sustained climb" and ev["fails"] and ev["interval"] == "least squares", ev
+    assert 8 <= n <= 11, (n, ev)  # before the run's last window
+    assert ev["pattern"] == "sustained climb" and ev["fails"] and ev["interval"] == "least squares", ev
     probed = [w["window"] for w in final["windows"] if (w.get("quiesce") or {}).get("memory_used_bytes")]
     assert f.window == probed[n - 1]
     growth = ev["growth_per_hour"]
