@@ -37,7 +37,11 @@ def sweep_args(url: str, state: Path, *extra: str) -> list[str]:
 async def test_sweep_finds_the_simulators_capacity(tmp_path: Path) -> None:
     state = tmp_path / "state"
     env_cfg = tmp_path / "sweep.yaml"
-    env_cfg.write_text("scenarios:\n  short_chat: {max_tokens: 8, slo: {e2e: 5s}}\nsweep: {min_requests: 120}\n")
+    # a step runs on until it has min_requests: at concurrency 1 the simulator answers ~10 requests/s, so 120 take 12 s
+    # idle, the default limit (3 x 4 s); on a busy machine longer (the fresh-clone make test of ae315eb with two CPU
+    # burners had fewer than 120): a limit that leaves room, so that what is asserted is the sweep's rule
+    env_cfg.write_text("scenarios:\n  short_chat: {max_tokens: 8, slo: {e2e: 5s}}\n"
+                       "sweep: {min_requests: 120, max_step: 40s}\n")
     async with sim_server(**SLOW_SIM) as sim:
         proc = await SoakdProcess.start(*sweep_args(sim.base_url, state, "-c", str(env_cfg), "--metrics-port", "0",
                                                     "--json", str(tmp_path / "sweep.json"),
