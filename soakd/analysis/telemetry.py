@@ -145,7 +145,11 @@ _GPU_ERRORS = {
 
 def reduce_snapshot(series: Iterable[Series]) -> tuple[dict[str, float], dict[str, dict[str, bool]]]:
     """One snapshot -> {window key: value} and {gpu: {reason: active}}."""
-    grouped = _by_name(series)
+    return _reduce(_by_name(series))
+
+
+def _reduce(grouped: dict[str, list[Series]]) -> tuple[dict[str, float], dict[str, dict[str, bool]]]:
+    """``reduce_snapshot`` of a snapshot's series grouped by name."""
     values: dict[str, float] = {}
     for name, (key, how) in _REDUCE.items():
         items = grouped.get(name)
@@ -271,30 +275,29 @@ class TelemetryStats:
         self.energy_joules += joules
         self.energy_seconds += seconds
 
-    def _add_gpu_errors(self, series: Iterable[Series]) -> None:
-        for s in series:
-            key = _GPU_ERRORS.get(s.name)
-            if key is None or (s.name == "soakd_gpu_ecc_errors_total" and s.label("kind") != "uncorrected"):
+    def _add_gpu_errors(self, grouped: dict[str, list[Series]]) -> None:
+        for s in (s for name in _GPU_ERRORS for s in grouped.get(name, ())):
+            key = _GPU_ERRORS[s.name]
+            if s.name == "soakd_gpu_ecc_errors_total" and s.label("kind") != "uncorrected":
                 continue
             gpu = self.gpu_errors.setdefault(s.label("uuid") or s.label("gpu") or "0", {})
             gpu.setdefault(f"{key}_first", s.value)
             gpu[key] = s.value
 
     def add(self, series: Iterable[Series], t: float) -> None:
-        series = list(series)
-        self._add_gpu_errors(series)
-        values, reasons = reduce_snapshot(series)
+        grouped = _by_name(series)  # one pass over the snapshot
+        self._add_gpu_errors(grouped)
+        values, reasons = _reduce(grouped)
         self.saturation.add(values, t)
         for key, v in values.items():
             agg = self.aggs.get(key)
             if agg is None:
                 agg = self.aggs[key] = Agg()
             agg.add(v, t)
-        for s in series:
-            if s.name == "soakd_gpu_sm_clock_hertz":
-                acc = self.gpu_clock.setdefault(s.label("gpu") or "0", [0.0, 0])
-                acc[0] += s.value
-                acc[1] += 1
+        for s in grouped.get("soakd_gpu_sm_clock_hertz", ()):
+            acc = self.gpu_clock.setdefault(s.label("gpu") or "0", [0.0, 0])
+            acc[0] += s.value
+            acc[1] += 1
         for gpu, active in reasons.items():
             self.reason_samples[gpu] = self.reason_samples.get(gpu, 0) + 1
             counts = self.reason_active.get(gpu)
