@@ -24,6 +24,8 @@ from soakd.core.summary import WindowSummary
 __all__ = ["DriftDetector", "DriftState"]
 
 Window = WindowSummary
+# the pool's test for a step is made live once this many windows after the pool give it a noise floor
+LATE_WINDOWS = 4
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,7 @@ class DriftDetector:
                 self.judged.append(w)
         if self.pool_complete and full:
             self._check_pool()
+            self._recheck_pool(full[-1], None)
             self._detectable()
         self.stability = drift_mod.stability(full, self.cfg.drift)
 
@@ -135,6 +138,36 @@ class DriftDetector:
             if pool:
                 self.checks[metric] = page_mod.check_pool(metric, pool, self.cfg.drift,
                                                           self._extra(metric, pool_windows), steps=False)
+
+    def _recheck_pool(self, w: Window, ctx: WindowContext | None) -> None:
+        """The pool's test for a step, live, once the windows after the pool give the noise floor it needs
+        (``LATE_WINDOWS`` of them; then at every window, as the end of the run tests it: ``check_pool`` with
+        the noise floor of the series so far). A regression that began inside the pool moves the reference to
+        the windows before it, and the windows since are paged against them; said as "baseline not stable"."""
+        if self.baseline_external or not self.pool_complete:
+            return
+        last_pool = max(p.window for p in self.pool)
+        moved = {}
+        for metric in self.cfg.drift.metrics:
+            check = self.checks.get(metric)
+            if check is not None and not check.checked:  # moved already, or a blip left out of the reference
+                continue
+            series = self.series[metric]
+            if sum(1 for lv in series if lv.window > last_pool) < LATE_WINDOWS:
+                continue
+            pool = self._pool_levels(metric)
+            _, tau2, _ = changes_mod.change_points(series)
+            c = page_mod.check_pool(metric, pool, self.cfg.drift, self._extra(metric, list(self.pool)) + tau2)
+            if c.moved_from is not None:
+                self.checks[metric] = c
+                moved[metric] = c
+        if moved and ctx is not None:
+            parts = [f"{m} moved from window {c.moved_from} (reference: windows {list(c.reference)})"
+                     for m, c in moved.items()]
+            ctx.emit("baseline", "warning", "baseline not stable: " + "; ".join(parts) + " (found with the windows "
+                     f"after the pool, at window {w.window})",
+                     {"checks": {m: {"reference": list(c.reference), "moved_from": c.moved_from, "dropped": [],
+                                     "stat": c.stat} for m, c in moved.items()}, "late": True}, w.window)
 
     def reference(self, metric: str) -> tuple[list[levels_mod.Level], int | None, frozenset[int]]:
         """The levels every live comparison of ``metric`` is made against, the first window after them
@@ -258,6 +291,7 @@ class DriftDetector:
             self.judged.append(w)
         results: list[drift_mod.DriftResult] = []
         if self.pool_complete and not joined and not w.partial:
+            self._recheck_pool(w, ctx)
             results = self._live(w, current)
         for r in results:
             self.drift[(r.metric, r.reference)] = r
