@@ -136,3 +136,19 @@ def test_readme_links_every_reference_doc() -> None:
     linked = {(REPO / t.partition("#")[0]).resolve() for _, t in links(REPO / "README.md") if t.startswith("docs/")}
     missing = [p.name for p in sorted(DOCS.glob("*.md")) if p.resolve() not in linked]
     assert not missing, f"the README's table of docs lacks {missing}"
+
+
+def _keys(shape: dict, prefix: str = "") -> set[str]:
+    return {prefix + k for k in shape}
+
+
+def test_every_status_key_is_documented() -> None:
+    """docs/metrics.md's `/status` tables name every key the live shape pins (the top level and `analysis`)."""
+    import json
+
+    shape = json.loads((REPO / "tests/fixtures/golden/live-shape.json").read_text(encoding="utf-8"))["status"]
+    text = (DOCS / "metrics.md").read_text(encoding="utf-8")
+    section = text[text.index("### `/status`"):text.index("Logs are structlog JSON lines")]
+    named = set(re.findall(r"`([a-z_]+)`", section))
+    missing = (_keys(shape) | _keys(shape["analysis"])) - named
+    assert not missing, f"/status keys not in docs/metrics.md: {sorted(missing)}"
