@@ -152,12 +152,23 @@ class DriftDetector:
             check = self.checks.get(metric)
             if check is not None and not check.checked:  # moved already, or a blip left out of the reference
                 continue
+            if not changes_mod.METRICS[metric].higher_is_worse:
+                # a latency only: a throughput that fell is a latency that rose in a closed loop (Little's law), and
+                # an open loop's is its arrival rate; alone, it was a closed loop settling over its first window
+                continue
             series = self.series[metric]
             if sum(1 for lv in series if lv.window > last_pool) < LATE_WINDOWS:
                 continue
             pool = self._pool_levels(metric)
+            extra = self._extra(metric, list(self.pool))
             _, tau2, _ = changes_mod.change_points(series)
-            c = page_mod.check_pool(metric, pool, self.cfg.drift, self._extra(metric, list(self.pool)) + tau2)
+            c = page_mod.check_pool(metric, pool, self.cfg.drift, extra + tau2)
+            if c.moved_from is not None:
+                # confirmed with the live rule's own floor: its upper bound, every difference but the step's (a
+                # floor from a few windows is often too small: a closed loop's throughput settling over the first
+                # window moved the reference of a healthy run and paged)
+                tau2 = page_mod.noise_floor(page_mod.with_extra(series, extra), moved_from=c.moved_from)
+                c = page_mod.check_pool(metric, pool, self.cfg.drift, extra + tau2)
             if c.moved_from is not None:
                 self.checks[metric] = c
                 moved[metric] = c

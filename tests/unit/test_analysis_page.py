@@ -254,3 +254,47 @@ def test_a_faster_server_is_reported_never_paged() -> None:
         assert v.result == ("FAIL" if pages else "PASS"), v.reasons
         moved = [c for c in v.drift["changes"] if c["metric"] == "e2e_p50" and c["tier"] == "confident"]
         assert [c["direction"] for c in moved] == ["degraded" if pages else "improved"], v.drift
+
+
+def _late_run(ys: list[float], requests: list[int] | None = None) -> tuple[Analyzer, list[tuple[int, str]]]:
+    """A run through the analysis engine: e2e p50's log levels ``ys``, the requests of each window (its
+    requests per second), every baseline event."""
+    events: list[tuple[int, str]] = []
+    cfg = AnalysisConfig(drift=DriftConfig(metrics=["e2e_p50", "requests_per_second"]))
+    an = Analyzer(cfg, on_event=lambda kind, sev, msg, data, w: events.append((w, msg)) if kind == "baseline"
+                  else None, planned_windows=len(ys))
+    for i, w in enumerate(_windows(ys)):
+        if requests is not None:
+            w = w.model_copy(update={"requests": requests[i], "outcomes": {"ok": requests[i]}})
+        w = w.model_copy(update={"requests_per_second": w.requests / w.duration_seconds})
+        an.add_window(w)
+    return an, events
+
+
+def test_a_regression_from_window_1_is_paged_live_once_the_windows_after_the_pool_give_a_noise_floor() -> None:
+    """The blip check cannot see a step from window 1 (window 0 is the odd one, and faster); the pool's test for a
+    step, live from the fourth window after the pool, moves the reference to window 0 and the run pages."""
+    ys = [0.0, *[math.log1p(0.10)] * 11]
+    ys = [y + random.Random(7).gauss(0, 0.004) * (i % 3 - 1) for i, y in enumerate(ys)]
+    an, events = _late_run(ys)
+    check = an.drift_detector.checks["e2e_p50"]
+    assert check.moved_from == 1 and check.reference == (0,)
+    assert [w for w, msg in events if msg.startswith("baseline not stable") and "e2e_p50 moved from window 1" in msg
+            and "found with the windows after the pool, at window 7" in msg] == [7]
+    # against one window of reference and a floor from a few windows (its upper bound): paged a few windows later
+    # (before the check, the mixed pool's +7% left every later window within the threshold: never paged)
+    paged = [f.window for f in an.findings if f.diagnosis == "performance drift"]
+    assert paged and 7 <= paged[0] <= 10, paged
+    # before the fourth window after the pool, nothing is moved: four windows alone cannot tell a step from wander
+    an, _ = _late_run(ys[:7])
+    assert an.drift_detector.checks["e2e_p50"].checked
+
+
+def test_a_throughput_that_settles_over_the_first_window_moves_nothing() -> None:
+    """A closed loop whose first window ran 15% more requests (fewer long ones in flight yet), latency flat: not a
+    regression from window 1 (the benchmark's closed-batch cell paged four of 200 healthy runs before)."""
+    ys = [0.0] * 12
+    an, events = _late_run(ys, [3450, *[3000] * 11])
+    assert an.drift_detector.checks["requests_per_second"].moved_from is None
+    assert not [msg for _, msg in events if msg.startswith("baseline not stable")]
+    assert not [f for f in an.findings if f.kind == "drift"], an.findings
