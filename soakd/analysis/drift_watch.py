@@ -172,6 +172,8 @@ class DriftDetector:
             if c.moved_from is not None:
                 self.checks[metric] = c
                 moved[metric] = c
+        if moved:
+            self._detectable()  # against the new reference
         if moved and ctx is not None:
             parts = [f"{m} moved from window {c.moved_from} (reference: windows {list(c.reference)})"
                      for m, c in moved.items()]
