@@ -262,14 +262,14 @@ def checked_series(windows: list[WindowSummary], metric: str, pool_windows: list
                    checks: dict[str, PoolCheck] | None = None) -> tuple[list[Level], list[Level], PoolCheck | None]:
     """``(series, pool, check)``: the metric's levels less the pool windows its check left out (a blip),
     the pool's levels, and the check (``page.check_pool`` with the run's noise floor; ``checks``: given
-    ones instead)."""
+    ones instead, per metric: the live run's that moved the reference)."""
     series = levels(windows, metric, cfg)
     pool_set = set(pool_windows)
     pool = [lv for lv in series if lv.window in pool_set]
     if not pool:
         return series, pool, None
     check = (checks or {}).get(metric)
-    if check is None and checks is None:
+    if check is None:
         # the pool's own test with everything the run knows: the sub-windows' slow wander, the noise floor
         fam = page_mod.family_of(metric)
         extra = page_mod.long_run_extra([w for w in windows if w.window in pool_set], fam) if fam else 0.0
@@ -284,7 +284,7 @@ def checked_series(windows: list[WindowSummary], metric: str, pool_windows: list
 def judge_run(windows: list[WindowSummary], pool_windows: list[int], cfg: DriftConfig,
               checks: dict[str, PoolCheck] | None = None) -> RunDrift:
     """Change points, segment changes against the checked pool and trends over the run's full windows.
-    ``checks``: pool checks to use instead of the run's own (``checked_series``)."""
+    ``checks``: pool checks to use instead of the run's own, per metric (``checked_series``)."""
     out = RunDrift(pool=list(pool_windows))
     alpha = 1.0 - cfg.confidence
     m = max(1, len(cfg.metrics))

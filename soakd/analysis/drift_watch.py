@@ -24,8 +24,10 @@ from soakd.core.summary import WindowSummary
 __all__ = ["DriftDetector", "DriftState"]
 
 Window = WindowSummary
-# the pool's test for a step is made live once this many windows after the pool give it a noise floor
+# the pool's test for a step is made live once this many windows after the pool give it a noise floor, up to the
+# LATE_LAST-th (its cost grows with the series; the end of the run tests the whole run)
 LATE_WINDOWS = 4
+LATE_LAST = 20
 
 
 @dataclass(frozen=True)
@@ -110,14 +112,17 @@ class DriftDetector:
             self.pool = []
         self.series = {m: [] for m in self.cfg.drift.metrics}
         self.judged = []
-        for w in full:
-            self._add_to_pool(w)
+        for w in full:  # as the live run saw them: the pool's checks at its close, then window by window
+            joined = self._add_to_pool(w)
             self._add_levels(w)
             if self.poolable(w):
                 self.judged.append(w)
-        if self.pool_complete and full:
-            self._check_pool()
-            self._recheck_pool(full[-1], None)
+            if joined and self.pool_complete:
+                self._check_pool()
+                self._detectable()
+            elif self.pool_complete and not joined:
+                self._recheck_pool(w, None)  # said when the live run found it
+        if self.baseline_external and full:
             self._detectable()
         self.stability = drift_mod.stability(full, self.cfg.drift)
 
@@ -141,8 +146,8 @@ class DriftDetector:
 
     def _recheck_pool(self, w: Window, ctx: WindowContext | None) -> None:
         """The pool's test for a step, live, once the windows after the pool give the noise floor it needs
-        (``LATE_WINDOWS`` of them; then at every window, as the end of the run tests it: ``check_pool`` with
-        the noise floor of the series so far). A regression that began inside the pool moves the reference to
+        (``LATE_WINDOWS`` of them; then at every window up to the ``LATE_LAST``-th, as the end of the run tests
+        it: ``check_pool`` with the noise floor of the series so far). A regression that began inside the pool moves the reference to
         the windows before it, and the windows since are paged against them; said as "baseline not stable"."""
         if self.baseline_external or not self.pool_complete:
             return
@@ -157,7 +162,7 @@ class DriftDetector:
                 # an open loop's is its arrival rate; alone, it was a closed loop settling over its first window
                 continue
             series = self.series[metric]
-            if sum(1 for lv in series if lv.window > last_pool) < LATE_WINDOWS:
+            if not LATE_WINDOWS <= sum(1 for lv in series if lv.window > last_pool) <= LATE_LAST:
                 continue
             pool = self._pool_levels(metric)
             extra = self._extra(metric, list(self.pool))
@@ -181,6 +186,11 @@ class DriftDetector:
                      f"after the pool, at window {w.window})",
                      {"checks": {m: {"reference": list(c.reference), "moved_from": c.moved_from, "dropped": [],
                                      "stat": c.stat} for m, c in moved.items()}, "late": True}, w.window)
+
+    def _moved(self) -> dict[str, page_mod.PoolCheck]:
+        """The pool checks that moved the reference live: the end of the run judges against the same windows
+        (the live pages were made against them), the other metrics' pools are tested anew with the whole run."""
+        return {m: c for m, c in self.checks.items() if c.moved_from is not None}
 
     def reference(self, metric: str) -> tuple[list[levels_mod.Level], int | None, frozenset[int]]:
         """The levels every live comparison of ``metric`` is made against, the first window after them
@@ -332,7 +342,7 @@ class DriftDetector:
         if self.run_drift is not None:
             return []
         pool = [p.window for p in self.pool]
-        rd = changes_mod.judge_run(ctx.full, pool, self.cfg.drift)
+        rd = changes_mod.judge_run(ctx.full, pool, self.cfg.drift, self._moved())
         self.run_drift = rd
         out = self._span_findings(rd, ctx.full, pool)
         self.periodic = periodic_drops(ctx.full)
@@ -367,7 +377,7 @@ class DriftDetector:
         skip = {(c.metric, a, b) for (a, b), cl in zip(spans, clusters, strict=True) for c in cl}
         skip |= {(t.metric, a, b) for t in rd.trends for a, b in confident}  # a creeping metric has its finding
         extra: dict[tuple[int, int], list[changes_mod.Change]] = {}
-        for sp, c in changes_mod.span_changes(full, pool, self.cfg.drift, confident, skip):
+        for sp, c in changes_mod.span_changes(full, pool, self.cfg.drift, confident, skip, self._moved()):
             extra.setdefault(sp, []).append(c)
         order = {m: i for i, m in enumerate(self.cfg.drift.metrics)}
         out = []

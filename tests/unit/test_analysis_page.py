@@ -274,8 +274,8 @@ def _late_run(ys: list[float], requests: list[int] | None = None) -> tuple[Analy
 def test_a_regression_from_window_1_is_paged_live_once_the_windows_after_the_pool_give_a_noise_floor() -> None:
     """The blip check cannot see a step from window 1 (window 0 is the odd one, and faster); the pool's test for a
     step, live from the fourth window after the pool, moves the reference to window 0 and the run pages."""
-    ys = [0.0, *[math.log1p(0.10)] * 11]
-    ys = [y + random.Random(7).gauss(0, 0.004) * (i % 3 - 1) for i, y in enumerate(ys)]
+    rng = random.Random(7)
+    ys = [y + rng.gauss(0, 0.004) for y in [0.0, *[math.log1p(0.10)] * 11]]
     an, events = _late_run(ys)
     check = an.drift_detector.checks["e2e_p50"]
     assert check.moved_from == 1 and check.reference == (0,)
@@ -300,3 +300,52 @@ def test_a_throughput_that_settles_over_the_first_window_moves_nothing() -> None
     assert an.drift_detector.checks["requests_per_second"].moved_from is None
     assert not [msg for _, msg in events if msg.startswith("baseline not stable")]
     assert not [f for f in an.findings if f.kind == "drift"], an.findings
+
+
+def _wandering_step(seed: int, n: int = 24) -> list[float]:
+    """+10% from window 1, then load that wanders 3% a window on top (after the pool)."""
+    rng = random.Random(seed)
+    return [rng.gauss(0, math.sqrt(VAR)) + (math.log1p(0.10) if i >= 1 else 0.0) + (rng.gauss(0, 0.03) if i > 3 else 0)
+            for i in range(n)]
+
+
+def test_a_resumed_run_keeps_the_reference_the_live_run_moved() -> None:
+    """A restart replays the pool's live checks window by window: the reference a live run moved at window 7 stays
+    moved when the run resumes after window 8 (with the whole series at once, the later wander widened the floor
+    and the resumed run went back to the mixed pool and never paged)."""
+    ws = _windows(_wandering_step(8))
+    for r in range(8, 24):
+        live, _ = _late_run([], None)
+        for w in ws[:r]:
+            live.add_window(w)
+        resumed, _ = _late_run([], None)
+        resumed.restore(ws[:r], ws[0])
+        a, b = live.drift_detector, resumed.drift_detector
+        assert b.checks["e2e_p50"] == a.checks["e2e_p50"], r
+        assert b.detectable["e2e_p50"] == pytest.approx(a.detectable["e2e_p50"]), r
+    assert live.drift_detector.checks["e2e_p50"].moved_from == 1
+
+
+def test_the_end_of_the_run_judges_against_the_reference_the_live_run_moved() -> None:
+    """The live run paged against window 0; the end of the run names the same step, from window 1, degraded (its own
+    pool test, with the whole run's wander, kept the mixed pool and named nothing)."""
+    an, _ = _late_run(_wandering_step(8))
+    assert an.drift_detector.checks["e2e_p50"].moved_from == 1
+    assert [f.window for f in an.findings if f.diagnosis == "performance drift"][:1] == [8]
+    an.verdict()
+    changes = [c for c in an.drift_detector.run_drift.changes if c.metric == "e2e_p50"]
+    assert [(c.window, c.direction) for c in changes] == [(1, "degraded")], changes
+
+
+def test_the_live_step_check_of_the_pool_stops_after_its_last_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its change-point search grows with the series: live, it runs from the 4th to the 20th window after the pool
+    (a run of 1-minute windows would otherwise search hundreds of windows at every close); the end of the run tests
+    the whole run."""
+    from soakd.analysis import changes, drift_watch
+
+    calls: list[int] = []
+    real = changes.change_points
+    monkeypatch.setattr(changes, "change_points", lambda series: calls.append(len(series)) or real(series))
+    _late_run(noisy(random.Random(5), 60))
+    assert calls and max(calls) == 4 + drift_watch.LATE_LAST, calls
+    assert len(calls) == drift_watch.LATE_LAST - drift_watch.LATE_WINDOWS + 1, calls
