@@ -30,6 +30,21 @@ LATE_WINDOWS = 4
 LATE_LAST = 20
 
 
+def _unstable(ctx: WindowContext, w: Window, checks: dict[str, page_mod.PoolCheck], late: bool = False) -> None:
+    """The ``baseline`` warning "baseline not stable" for the pool checks that moved the reference or dropped a
+    window: at the pool's close, or (``late``) found later with the windows after the pool, at ``w``."""
+    parts = [f"{m} moved from window {c.moved_from} (reference: windows {list(c.reference)})"
+             if c.moved_from is not None else f"{m} differs in window(s) {list(c.dropped)} (left out of the reference)"
+             for m, c in checks.items()]
+    data: dict[str, Any] = {"checks": {m: {"reference": list(c.reference), "moved_from": c.moved_from,
+                                           "dropped": list(c.dropped), "stat": c.stat} for m, c in checks.items()}}
+    text = "baseline not stable: " + "; ".join(parts)
+    if late:
+        text += f" (found with the windows after the pool, at window {w.window})"
+        data["late"] = True
+    ctx.emit("baseline", "warning", text, data, w.window)
+
+
 @dataclass(frozen=True)
 class DriftState:
     """What /metrics and /status show of drift: the baseline, the last comparisons, what is flagged."""
@@ -147,8 +162,9 @@ class DriftDetector:
     def _recheck_pool(self, w: Window, ctx: WindowContext | None) -> None:
         """The pool's test for a step, live, once the windows after the pool give the noise floor it needs
         (``LATE_WINDOWS`` of them; then at every window up to the ``LATE_LAST``-th, as the end of the run tests
-        it: ``check_pool`` with the noise floor of the series so far). A regression that began inside the pool moves the reference to
-        the windows before it, and the windows since are paged against them; said as "baseline not stable"."""
+        it: ``check_pool`` with the noise floor of the series so far). A regression that began inside the pool
+        moves the reference to the windows before it, and the windows since are paged against them; said as
+        "baseline not stable"."""
         if self.baseline_external or not self.pool_complete:
             return
         last_pool = max(p.window for p in self.pool)
@@ -180,12 +196,7 @@ class DriftDetector:
         if moved:
             self._detectable()  # against the new reference
         if moved and ctx is not None:
-            parts = [f"{m} moved from window {c.moved_from} (reference: windows {list(c.reference)})"
-                     for m, c in moved.items()]
-            ctx.emit("baseline", "warning", "baseline not stable: " + "; ".join(parts) + " (found with the windows "
-                     f"after the pool, at window {w.window})",
-                     {"checks": {m: {"reference": list(c.reference), "moved_from": c.moved_from, "dropped": [],
-                                     "stat": c.stat} for m, c in moved.items()}, "late": True}, w.window)
+            _unstable(ctx, w, moved, late=True)
 
     def _moved(self) -> dict[str, page_mod.PoolCheck]:
         """The pool checks that moved the reference live: the end of the run judges against the same windows
@@ -275,16 +286,7 @@ class DriftDetector:
                  f"two windows: {text}", {"windows": wins, "detectable": mde}, w.window)
         moved = {m: c for m, c in self.checks.items() if not c.checked}
         if moved:
-            parts = []
-            for m, c in moved.items():
-                if c.moved_from is not None:
-                    parts.append(f"{m} moved from window {c.moved_from} (reference: windows {list(c.reference)})")
-                else:
-                    parts.append(f"{m} differs in window(s) {list(c.dropped)} (left out of the reference)")
-            ctx.emit("baseline", "warning", "baseline not stable: " + "; ".join(parts),
-                     {"checks": {m: {"reference": list(c.reference), "moved_from": c.moved_from,
-                                     "dropped": list(c.dropped), "stat": c.stat} for m, c in moved.items()}},
-                     w.window)
+            _unstable(ctx, w, moved)
 
     def _detectable(self) -> dict[str, dict[str, float]]:
         """The smallest change a page catches within two windows (and within one), per metric."""

@@ -276,13 +276,13 @@ class TelemetryStats:
         self.energy_seconds += seconds
 
     def _add_gpu_errors(self, grouped: dict[str, list[Series]]) -> None:
-        for s in (s for name in _GPU_ERRORS for s in grouped.get(name, ())):
-            key = _GPU_ERRORS[s.name]
-            if s.name == "soakd_gpu_ecc_errors_total" and s.label("kind") != "uncorrected":
-                continue
-            gpu = self.gpu_errors.setdefault(s.label("uuid") or s.label("gpu") or "0", {})
-            gpu.setdefault(f"{key}_first", s.value)
-            gpu[key] = s.value
+        for name, key in _GPU_ERRORS.items():
+            for s in grouped.get(name, ()):
+                if name == "soakd_gpu_ecc_errors_total" and s.label("kind") != "uncorrected":
+                    continue
+                gpu = self.gpu_errors.setdefault(s.label("uuid") or s.label("gpu") or "0", {})
+                gpu.setdefault(f"{key}_first", s.value)
+                gpu[key] = s.value
 
     def add(self, series: Iterable[Series], t: float) -> None:
         grouped = _by_name(series)  # one pass over the snapshot

@@ -171,9 +171,10 @@ def verdict_lines(report: RunReport, brief: bool = False) -> list[str]:
     lines += v.note_lines()
     # a baseline pool that moved or held a differing window: what the drift comparisons' reference is (issue 21)
     # (one found later, with the windows after the pool, says its window itself)
+    unstable = [e for e in report.findings.get("baseline", [])
+                if e.severity == "warning" and e.message.startswith("baseline not stable")]
     lines += [e.message if (e.evidence or {}).get("late") else f"{e.message} (said as the pool closed, window {e.window})"
-              for e in report.findings.get("baseline", [])
-              if e.severity == "warning" and e.message.startswith("baseline not stable")]
+              for e in unstable]
     lines += v.scope_lines()
     if v.result == "PASS" and not failing:
         lines.append("no finding failed the run")
