@@ -98,6 +98,7 @@ class Cell:
     step: float = 0.0  # relative size of the step (0.10 = +10%)
     step_on: str = "all"  # all | p95 (the tail only)
     creep: float = 0.0  # relative change per window
+    climb: tuple[float, ...] = ()  # latency x this curve (its value at each window's start, linear between), flat after
     memory: str = "flat"  # flat | ramp | step | sawtooth | leak
     leak_mb_per_hour: float = 0.0
     probe_noise_mib: float = 0.0
@@ -136,6 +137,8 @@ class Cell:
     error_share: float = 0.0  # issue 21 item 6: this share of one window's requests fail fast (HTTP 429)
     error_window: int | None = None  # the window of those errors
 
+
+_CLIMB = tuple(v / 49.0 for v in (49, 64, 79, 90, 97.5, 105, 112.5, 120, 127.5, 135))
 
 CELLS: tuple[Cell, ...] = (
     Cell("stationary-iid", "stationary, iid lognormal sigma 0.5", "false FAIL <= 1%", limit=0.01),
@@ -228,6 +231,13 @@ CELLS: tuple[Cell, ...] = (
     Cell("page-20-ar", "+20% step at window 12 under AR +-10%/1 min: paged within 1 window",
          "paged at window 12 >= 95%", noise="ar", ar_sd=0.10, ar_memory=60, ar_unit="seconds", step_at=12,
          step=0.20, expect="page_by", by_window=12, limit=0.95),
+    # a latency that climbs from window 0, through the pool (seen: llama-server's host prompt cache, e2e p50 49 -> 64
+    # -> 79 -> 90 ms in the pool's windows, 135 ms by window 9): paged within two windows of the pool's close
+    Cell("pool-climb", "latency climbing from window 0: x1.31, x1.61, x1.84 at pool windows 1-3, x2.76 from window 9",
+         "paged by window 5 >= 90%", climb=_CLIMB, expect="page_by", by_window=5, limit=0.90),
+    Cell("pool-climb-slow", "the same climb on a slow server: 300 requests per 90-s window",
+         "(no target: paged by window 5)", climb=_CLIMB, requests=300, window_s=90.0, expect="page_by", by_window=5,
+         limit=0.0),
     Cell("tail-1pct-8x", "1% of requests 8x slower from window 12 (p99 +60%, p95 +5%)", "FAIL >= 90%",
          step_at=12, slow_share=0.01, slow_factor=8.0, expect="fail_by", by_window=23, limit=0.90),
     # issue 21 item 9: sparse streams on a heavy-tailed server -- 3 token events per request, the intervals between
@@ -342,6 +352,11 @@ def latency_scale(cell: Cell, window: int, t_in_run: float) -> float:
         s *= 1.0 + cell.step
     if cell.creep:
         s *= 1.0 + cell.creep * (t_in_run / cell.window_s)
+    if cell.climb:
+        x = t_in_run / cell.window_s
+        i = int(x)
+        s *= cell.climb[-1] if i >= len(cell.climb) - 1 else \
+            cell.climb[i] + (x - i) * (cell.climb[i + 1] - cell.climb[i])
     if cell.period_s and (t_in_run % cell.period_s) < cell.period_s / 4:
         s /= 0.9  # a 10%-deep throughput drop: every request 1/0.9 as long
     return s

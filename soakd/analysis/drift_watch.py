@@ -33,11 +33,13 @@ LATE_LAST = 20
 def _unstable(ctx: WindowContext, w: Window, checks: dict[str, page_mod.PoolCheck], late: bool = False) -> None:
     """The ``baseline`` warning "baseline not stable" for the pool checks that moved the reference or dropped a
     window: at the pool's close, or (``late``) found later with the windows after the pool, at ``w``."""
-    parts = [f"{m} moved from window {c.moved_from} (reference: windows {list(c.reference)})"
+    parts = [f"{m} climbed in every pool window from window {c.reference[0]} (reference: windows {list(c.reference)})"
+             if c.climb else f"{m} moved from window {c.moved_from} (reference: windows {list(c.reference)})"
              if c.moved_from is not None else f"{m} differs in window(s) {list(c.dropped)} (left out of the reference)"
              for m, c in checks.items()]
     data: dict[str, Any] = {"checks": {m: {"reference": list(c.reference), "moved_from": c.moved_from,
-                                           "dropped": list(c.dropped), "stat": c.stat} for m, c in checks.items()}}
+                                           "dropped": list(c.dropped), "stat": c.stat, "climb": c.climb}
+                                       for m, c in checks.items()}}
     text = "baseline not stable: " + "; ".join(parts)
     if late:
         text += f" (found with the windows after the pool, at window {w.window})"
@@ -213,6 +215,11 @@ class DriftDetector:
         ref = [lv for lv in pool if lv.window in check.reference]
         return ref, check.moved_from, frozenset(check.dropped)
 
+    def _climbed(self, metric: str) -> bool:
+        """The pool check found a climb: the noise floor takes the climb out of the successive differences."""
+        check = self.checks.get(metric)
+        return check is not None and check.climb
+
     def _live(self, w: Window, current: dict[str, levels_mod.Level]) -> list[drift_mod.DriftResult]:
         """Every metric of ``w`` against its reference: the sequential rule of ``page.scan`` (the last
         one, two or three windows); against the previous window too, reported (never a page)."""
@@ -226,7 +233,8 @@ class DriftDetector:
             # the noise floor from the windows before the segments the scan tests: a step must not hide itself
             history = self.series[metric][:-1] if lv is not None else self.series[metric]
             history = history[:max(len(self._pool_levels(metric)), len(history) - (page_mod.SCAN - 1))]
-            tau2 = page_mod.noise_floor(page_mod.with_extra(history, extra), moved_from=moved_from, dropped=dropped)
+            tau2 = page_mod.noise_floor(page_mod.with_extra(history, extra), moved_from=moved_from, dropped=dropped,
+                                        detrend=self._climbed(metric))
             if lv is None or not ref:
                 r = drift_mod.compare(w, self.baseline, metric, cfg, reference_kind="baseline")
                 out.append(replace(r, status="no_data" if r.status == "no_data" else "insufficient", direction=None))
@@ -298,7 +306,7 @@ class DriftDetector:
                 continue
             extra = self._extra(metric)
             tau2 = page_mod.noise_floor(page_mod.with_extra(self.series[metric], extra), moved_from=moved_from,
-                                        dropped=dropped)
+                                        dropped=dropped, detrend=self._climbed(metric))
             var = sum(lv.var for lv in ref) / len(ref)
             two = page_mod.detectable(metric, var, ref, tau2, extra, self.z_live, cfg, 2)
             self.detectable[metric] = two

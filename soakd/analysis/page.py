@@ -37,6 +37,7 @@ POOL_Z = 4.0  # a change inside the pool: this many standard errors, and beyond 
 EXCESS_Z = 2.33  # a page: the change beyond the threshold by this many standard errors (one-sided 99%)
 TAU2_BOUND = 0.75  # the between-window noise floor's upper confidence bound in the live rule
 AGREE_Z = 2.0  # a window after the pool joins the reference within the threshold and this many standard errors
+CLIMB_Z = 1.5  # a climb through the pool: every window worse than the one before it by this many standard errors
 _FAMILY = {"e2e_seconds": "e2e", "ttft_seconds": "ttft", "itl_seconds": "itl"}
 
 
@@ -96,7 +97,7 @@ def with_extra(series: list[Level], extra: float) -> list[Level]:
 
 
 def noise_floor(series: list[Level], moved_from: int | None = None, dropped: frozenset[int] = frozenset(),
-                bound: float = TAU2_BOUND) -> float:
+                bound: float = TAU2_BOUND, detrend: bool = False) -> float:
     """The between-window noise floor beyond every window's own variance (``series``' variances hold
     the sub-windows' slower wander already): the mean squared successive difference's ``bound`` upper
     confidence bound (chi-square at its degrees of freedom) less the windows' own variance. Nothing is
@@ -104,15 +105,24 @@ def noise_floor(series: list[Level], moved_from: int | None = None, dropped: fro
     page on is not in them, and load that wanders over hours is what the floor is for). The pool check's
     findings are left out: the windows it dropped and the differences across them (windows that differ from the
     pool's others may be a step's first windows: the difference from before them to after them holds the step),
-    the difference across the change it found."""
+    the difference across the change it found. ``detrend``: the differences' mean is taken out first (one degree of
+    freedom less): a series that climbs (the pool check found a climb) holds its climb in every difference, the one
+    across ``moved_from`` (the climb's first) too."""
     series = [lv for lv in series if lv.window not in dropped]
-    pairs = [(a, b) for a, b in zip(series, series[1:]) if (moved_from is None or not a.window < moved_from <= b.window)
+    pairs = [(a, b) for a, b in zip(series, series[1:])
+             if (moved_from is None or detrend or not a.window < moved_from <= b.window)
              and not any(a.window < d < b.window for d in dropped)]
     if not pairs:
         return 0.0
     df = len(pairs)
-    s = sum((b.y - a.y) ** 2 for a, b in pairs) / (2.0 * df)
+    diffs = [b.y - a.y for a, b in pairs]
+    mean = sum(diffs) / df if detrend else 0.0
     within = sum((a.var + b.var) / 2.0 for a, b in pairs) / df
+    if detrend:
+        df -= 1
+        if df == 0:
+            return 0.0  # one difference, the climb's: nothing beyond the windows' own variance is known
+    s = sum((x - mean) ** 2 for x in diffs) / (2.0 * df)
     return max(0.0, max(s, within) * df / float(sps.chi2.ppf(1.0 - bound, df)) - within)
 
 
@@ -124,6 +134,7 @@ class PoolCheck:
     moved_from: int | None = None  # a degradation began inside the pool at this window: the reference is before it
     dropped: tuple[int, ...] = ()  # pool windows worse than the rest (a blip): no reference, not judged live
     stat: float = 0.0  # the change's size in standard errors
+    climb: bool = False  # the change is a climb: every pool window worse than the one before it (moved_from: window 1)
 
     @property
     def checked(self) -> bool:
@@ -143,7 +154,8 @@ def check_pool(metric: str, pool: list[Level], cfg: DriftConfig, extra: float = 
                z: float = POOL_Z, steps: bool = True) -> PoolCheck:
     """Test the pool before trusting it. A *step*: the pool windows from ``k`` on worse than the mean of
     those before it by ``z`` standard errors, each of them by more than the threshold -> the reference is
-    the windows before ``k`` (a regression that began inside the pool is a regression). Else a *blip*: a
+    the windows before ``k`` (a regression that began inside the pool is a regression). Else a *climb*: every window
+    worse than the one before it -> the reference is the first window. Else a *blip*: a
     window worse than the median of the others by the threshold and ``z`` standard errors -> dropped. Each window's variance is its own plus
     ``extra`` (the slower wander its sub-windows show, and at the end of the run the noise floor of the
     whole run). ``steps``: look for a step too (at the end of the run: live, four windows cannot tell a
@@ -166,6 +178,14 @@ def check_pool(metric: str, pool: list[Level], cfg: DriftConfig, extra: float = 
     if best is not None:
         t, k = best
         return PoolCheck(ws[:k], moved_from=pool[k].window, stat=t)
+    # a *climb*: every window worse than the one before it by CLIMB_Z standard errors of their difference, the last
+    # worse than the first beyond the threshold and by ``z`` -> the reference is the first window (no blip: the last
+    # windows of a climb are each worse than the median of the others; dropped, they left the climb's first
+    # differences as the noise floor, at one or two degrees of freedom, and the page waited for windows after the pool)
+    rise = y[-1] - y[0]
+    if (len(pool) >= 3 and rise > d0 and rise > z * math.sqrt(v[0] + v[-1])
+            and all(y[i + 1] - y[i] > CLIMB_Z * math.sqrt(v[i] + v[i + 1]) for i in range(len(pool) - 1))):
+        return PoolCheck(ws[:1], moved_from=pool[1].window, stat=rise / math.sqrt(v[0] + v[-1]), climb=True)
     dropped = []
     worst = 0.0
     for i in range(len(pool)):

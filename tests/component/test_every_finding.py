@@ -151,6 +151,8 @@ def test_runbook_anchors_exist() -> None:
 
 
 BASELINE_NOT_STABLE = "baseline not stable: e2e_p50 moved from window 2 (reference: windows [0, 1])"
+# a latency that climbed in every pool window (page.check_pool): the reference is window 0
+BASELINE_CLIMB = "baseline not stable: e2e_p95 climbed in every pool window from window 0 (reference: windows [0])"
 # found live with the windows after the pool (drift_watch._recheck_pool): its message says where
 BASELINE_MOVED_LATE = ("baseline not stable: ttft_p50 moved from window 1 (reference: windows [0]) (found with the "
                        "windows after the pool, at window 7)")
@@ -174,6 +176,8 @@ async def _store(state: Path) -> tuple[list[Finding], RunVerdict]:
             await store.save_window("every", i, 0, w, False)
         await store.add_event("every", "baseline", "warning", BASELINE_NOT_STABLE, {"checks": {"e2e_p50": {
             "reference": [0, 1], "moved_from": 2, "dropped": [], "stat": 4.2}}}, 3, t_unix=T0 + 0.5)
+        await store.add_event("every", "baseline", "warning", BASELINE_CLIMB, {"checks": {"e2e_p95": {
+            "reference": [0], "moved_from": 1, "dropped": [], "stat": 9.1, "climb": True}}}, 3, t_unix=T0 + 0.55)
         await store.add_event("every", "baseline", "warning", BASELINE_MOVED_LATE, {"checks": {"ttft_p50": {
             "reference": [0], "moved_from": 1, "dropped": [], "stat": 4.6}}, "late": True}, 7, t_unix=T0 + 0.6)
         for i, f in enumerate(findings):
@@ -251,6 +255,7 @@ def test_a_baseline_that_was_not_stable_is_said_in_every_output(every: tuple[lis
     _, report = every
     text = html.unescape(OUTPUTS[fmt](report))
     assert f"{BASELINE_NOT_STABLE} (said as the pool closed, window 3)" in text, fmt
+    assert f"{BASELINE_CLIMB} (said as the pool closed, window 3)" in text, fmt
     # a step found later, with the windows after the pool: said with its own window, not as the pool closed
     assert BASELINE_MOVED_LATE in text and f"{BASELINE_MOVED_LATE} (said as the pool closed" not in text, fmt
 

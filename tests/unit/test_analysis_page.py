@@ -349,3 +349,55 @@ def test_the_live_step_check_of_the_pool_stops_after_its_last_window(monkeypatch
     _late_run(noisy(random.Random(5), 60))
     assert calls and max(calls) == 4 + drift_watch.LATE_LAST, calls
     assert len(calls) == drift_watch.LATE_LAST - drift_watch.LATE_WINDOWS + 1, calls
+
+
+def test_a_climb_through_the_pool_is_found_at_its_close() -> None:
+    """Every pool window worse than the one before it (1.5 standard errors of their difference), the last beyond the
+    threshold from the first: a climb, the reference is window 0. A pool that rises in one window and not the next,
+    or by less than the threshold in all, is no climb."""
+    cfg = DriftConfig()
+    for seed in range(20):
+        rng = random.Random(300 + seed)
+        c = check_pool("e2e_p50", levels([0.08 * i + rng.gauss(0, math.sqrt(VAR)) for i in range(4)]), cfg,
+                       steps=False)
+        assert c.climb and c.reference == (0,) and c.moved_from == 1, c
+    # flat between windows 1 and 2 (a step's windows, or wander): not a climb; window 3 is the odd one (a blip)
+    assert not check_pool("e2e_p50", levels([0.0, 0.06, 0.06, 0.2]), cfg, steps=False).climb
+    # within the threshold from first to last: the pool is trusted as it is
+    assert check_pool("e2e_p50", levels([0.0, 0.015, 0.03, 0.045], var=1e-6), cfg, steps=False).checked
+    # a latency that falls through the pool (a warm-up) is no climb; a throughput that falls is one
+    assert not check_pool("e2e_p50", levels([0.18, 0.12, 0.06, 0.0]), cfg, steps=False).climb
+    assert check_pool("requests_per_second", levels([0.18, 0.12, 0.06, 0.0]), cfg, steps=False).climb
+
+
+def test_a_climbing_series_leaves_its_climb_out_of_the_noise_floor() -> None:
+    """Successive differences of a climb hold the climb: taken out (their mean), the floor is the noise's."""
+    rng = random.Random(11)
+    ys = levels([0.05 * i + rng.gauss(0, 0.01) for i in range(10)], var=1e-4)
+    plain, detrended = noise_floor(ys), noise_floor(ys, detrend=True)
+    assert math.sqrt(plain) > 0.035 and math.sqrt(detrended) < 0.02, (plain, detrended)
+    # a flat series: about the same floor either way
+    flat = levels([rng.gauss(0, 0.01) for _ in range(10)], var=1e-4)
+    assert noise_floor(flat, detrend=True) == pytest.approx(noise_floor(flat), abs=5e-5)
+    # one difference left, the climb's: nothing beyond the windows' own variance is known
+    assert noise_floor(levels([0.0, 0.1]), detrend=True) == 0.0
+
+
+def test_a_latency_that_climbs_through_the_pool_is_paged_at_the_first_window_after_it() -> None:
+    """Seen on llama-server with its host prompt cache: e2e p50 49, 64, 79, 90 ms in the pool's windows, 135 ms by
+    window 9. The pool held the climb, its successive differences made the noise floor, and the first live page came
+    at window 9 (+97% over the pool's mean). Now the pool's close names the climb, the reference is window 0, and
+    the first window after the pool pages."""
+    curve = [49, 64, 79, 90, 97.5, 105, 112.5, 120, 127.5, 135, 135, 135]
+    rng = random.Random(3)
+    an, events = _late_run([math.log(v / 49) + rng.gauss(0, math.sqrt(VAR)) for v in curve])
+    check = an.drift_detector.checks["e2e_p50"]
+    assert check.climb and check.reference == (0,) and check.moved_from == 1, check
+    assert [w for w, msg in events
+            if msg == "baseline not stable: e2e_p50 climbed in every pool window from window 0 (reference: windows [0])"
+            ] == [3], events
+    paged = [f.window for f in an.findings if f.diagnosis == "performance drift"]
+    assert paged == list(range(4, 12)), paged  # and every window after: the climb stays in the floor's mean
+    # the end of the run names it a creep from window 0, and fails
+    v = an.verdict()
+    assert v.result == "FAIL" and "drift: creep (windows 0-11: e2e_p50)" in v.reasons, v.reasons
