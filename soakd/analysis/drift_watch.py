@@ -242,11 +242,14 @@ class DriftDetector:
                 if self.baseline_external:
                     post = self.series[metric]
                 else:
-                    start = moved_from if moved_from is not None else max(p.window for p in self.pool) + 1
+                    last_pool = max(p.window for p in self.pool)
+                    start = moved_from if moved_from is not None else last_pool + 1
                     post = [x for x in self.series[metric] if x.window >= start and x.window not in dropped]
                     # the windows after the pool that agree with it, older than the scan's segments, join the
-                    # reference (a run's own baseline only: an external one is another run's)
-                    ref = page_mod.grown_reference(metric, ref, post[:-page_mod.SCAN], tau2, extra, cfg)
+                    # reference (a run's own baseline only: an external one is another run's); never the pool's
+                    # own windows from the change on (a climb's first windows may be within the threshold)
+                    ref = page_mod.grown_reference(metric, ref, [x for x in post[:-page_mod.SCAN]
+                                                                 if x.window > last_pool], tau2, extra, cfg)
                 out.append(self._scan_result(metric, lv, post, ref, tau2, extra))
             if prev is None:
                 continue

@@ -106,8 +106,8 @@ def noise_floor(series: list[Level], moved_from: int | None = None, dropped: fro
     findings are left out: the windows it dropped and the differences across them (windows that differ from the
     pool's others may be a step's first windows: the difference from before them to after them holds the step),
     the difference across the change it found. ``detrend``: the differences' mean is taken out first (one degree of
-    freedom less): a series that climbs (the pool check found a climb) holds its climb in every difference, the one
-    across ``moved_from`` (the climb's first) too."""
+    freedom less; not with a single difference): a series that climbs (the pool check found a climb) holds its climb in
+    every difference, the one across ``moved_from`` (the climb's first) too."""
     series = [lv for lv in series if lv.window not in dropped]
     pairs = [(a, b) for a, b in zip(series, series[1:])
              if (moved_from is None or detrend or not a.window < moved_from <= b.window)
@@ -116,12 +116,11 @@ def noise_floor(series: list[Level], moved_from: int | None = None, dropped: fro
         return 0.0
     df = len(pairs)
     diffs = [b.y - a.y for a, b in pairs]
-    mean = sum(diffs) / df if detrend else 0.0
     within = sum((a.var + b.var) / 2.0 for a, b in pairs) / df
-    if detrend:
+    mean = 0.0
+    if detrend and df >= 2:  # (one difference has no mean to take out: the climb stays in it, the cautious answer)
+        mean = sum(diffs) / df
         df -= 1
-        if df == 0:
-            return 0.0  # one difference, the climb's: nothing beyond the windows' own variance is known
     s = sum((x - mean) ** 2 for x in diffs) / (2.0 * df)
     return max(0.0, max(s, within) * df / float(sps.chi2.ppf(1.0 - bound, df)) - within)
 
@@ -155,7 +154,7 @@ def check_pool(metric: str, pool: list[Level], cfg: DriftConfig, extra: float = 
     """Test the pool before trusting it. A *step*: the pool windows from ``k`` on worse than the mean of
     those before it by ``z`` standard errors, each of them by more than the threshold -> the reference is
     the windows before ``k`` (a regression that began inside the pool is a regression). Else a *climb*: every window
-    worse than the one before it -> the reference is the first window. Else a *blip*: a
+    worse than the one before it (a latency) -> the reference is the first window. Else a *blip*: a
     window worse than the median of the others by the threshold and ``z`` standard errors -> dropped. Each window's variance is its own plus
     ``extra`` (the slower wander its sub-windows show, and at the end of the run the noise floor of the
     whole run). ``steps``: look for a step too (at the end of the run: live, four windows cannot tell a
@@ -178,12 +177,13 @@ def check_pool(metric: str, pool: list[Level], cfg: DriftConfig, extra: float = 
     if best is not None:
         t, k = best
         return PoolCheck(ws[:k], moved_from=pool[k].window, stat=t)
-    # a *climb*: every window worse than the one before it by CLIMB_Z standard errors of their difference, the last
-    # worse than the first beyond the threshold and by ``z`` -> the reference is the first window (no blip: the last
+    # a *climb* of a latency (or J/token): every window worse than the one before it by CLIMB_Z standard errors of
+    # their difference, the last worse than the first beyond the threshold and by ``z`` -> the reference is the first
+    # window (a throughput that falls window by window is a closed loop settling, or the arrival rate; no blip: the last
     # windows of a climb are each worse than the median of the others; dropped, they left the climb's first
     # differences as the noise floor, at one or two degrees of freedom, and the page waited for windows after the pool)
     rise = y[-1] - y[0]
-    if (len(pool) >= 3 and rise > d0 and rise > z * math.sqrt(v[0] + v[-1])
+    if (sgn > 0 and len(pool) >= 3 and rise > d0 and rise > z * math.sqrt(v[0] + v[-1])
             and all(y[i + 1] - y[i] > CLIMB_Z * math.sqrt(v[i] + v[i + 1]) for i in range(len(pool) - 1))):
         return PoolCheck(ws[:1], moved_from=pool[1].window, stat=rise / math.sqrt(v[0] + v[-1]), climb=True)
     dropped = []
