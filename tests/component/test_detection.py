@@ -464,7 +464,10 @@ async def test_device_memory_leak_is_diagnosed_as_memory_leak(tmp_path: Path) ->
     soak = await attempt(tmp_path / "run")
     d, final = soak.daemon, soak.final
     mins = [(w["device"].get("memory_used_bytes") or {}).get("min") for w in final["windows"]]
-    assert None not in mins and all(b > a for a, b in zip(mins, mins[1:])), (mins, soak.stalls_by_window())
+    # a 1-s window whose loop stalled may have no device sample (seen beside another make test: window 0 after a 999 ms
+    # stall; 3 of 12 windows in another run): the windows that have one climb
+    got = [m for m in mins if m is not None]
+    assert len(got) >= len(mins) // 2 and all(b > a for a, b in zip(got, got[1:])), (mins, soak.stalls_by_window())
 
     mem = [f for f in d.analyzer.findings if f.kind == "leak"]
     assert len(mem) == 1, d.analyzer.findings
@@ -478,7 +481,10 @@ async def test_device_memory_leak_is_diagnosed_as_memory_leak(tmp_path: Path) ->
     # machine; the least-squares page on exact probe times is pinned on simulated time (tests/unit/test_leak_probes.py)
     n = ev["n_windows"]
     assert 8 <= n <= 11, (n, ev)  # before the run's last window
-    assert ev["pattern"] == "sustained climb" and ev["fails"] and ev["interval"] == "least squares", ev
+    assert ev["pattern"] == "sustained climb" and ev["fails"], ev
+    # least squares pages from the 8th probe; from the 10th Sen's rank interval clears 0 itself and judges alone (its
+    # evidence names no interval): seen in a fresh-clone make test beside another (probes read late, paged at the 10th)
+    assert ev.get("interval", "rank") == "least squares" or n >= 10, ev
     probed = [w["window"] for w in final["windows"] if (w.get("quiesce") or {}).get("memory_used_bytes")]
     assert f.window == probed[n - 1]
     growth = ev["growth_per_hour"]
