@@ -183,9 +183,10 @@ def check_pool(metric: str, pool: list[Level], cfg: DriftConfig, extra: float = 
     # windows of a climb are each worse than the median of the others; dropped, they left the climb's first
     # differences as the noise floor, at one or two degrees of freedom, and the page waited for windows after the pool)
     rise = y[-1] - y[0]
-    if (sgn > 0 and len(pool) >= 3 and rise > d0 and rise > z * math.sqrt(v[0] + v[-1])
+    t_rise = rise / math.sqrt(v[0] + v[-1])
+    if (sgn > 0 and len(pool) >= 3 and rise > d0 and t_rise > z
             and all(y[i + 1] - y[i] > CLIMB_Z * math.sqrt(v[i] + v[i + 1]) for i in range(len(pool) - 1))):
-        return PoolCheck(ws[:1], moved_from=pool[1].window, stat=rise / math.sqrt(v[0] + v[-1]), climb=True)
+        return PoolCheck(ws[:1], moved_from=pool[1].window, stat=t_rise, climb=True)
     dropped = []
     worst = 0.0
     for i in range(len(pool)):
