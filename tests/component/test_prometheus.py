@@ -177,15 +177,17 @@ async def test_every_dashboard_and_rule_expression_returns_data(tmp_path: Path) 
                           SOAKD_ANALYSIS__CLIENT__MAX_THROTTLED_SHARE="1",
                           SOAKD_ANALYSIS__CLIENT__REQUEST_MAX_LAG="1h",
                           SOAKD_ANALYSIS__CLIENT__MAX_IMPAIRED_SHARE="1",
-                          # the thermal episode cuts a 10 s window to 32-50 requests, below the default 50 a
-                          # judged window needs: judged, its latency drift makes it throttling
-                          # (soakd_throttle_detected, the dashboards' annotation)
-                          SOAKD_ANALYSIS__DRIFT__MIN_REQUESTS="25",
-                          # where --demo-episodes puts it (a window after the pool: test_sim_device), 3 windows
+                          # the thermal episode cuts a 10 s window to 13-50 requests (fewest where a quiesce
+                          # probe drains it), below the default 50 a judged window needs: judged, its latency
+                          # drift (+100% or more) makes it throttling (soakd_throttle_detected, the dashboards'
+                          # annotation)
+                          SOAKD_ANALYSIS__DRIFT__MIN_REQUESTS="10",
+                          # where --demo-episodes puts it (a window after the pool: test_sim_device), 6 windows
                           # long, at 45% of the clock: on a machine busy with two CPU-bound processes the pool's
-                          # noise hides a 60% clock (seen: e2e p50 +46% in the episode, a page needs +58%)
+                          # noise hides a 60% clock (seen: e2e p50 +46% in the episode, a page needs +58%), and
+                          # one judged window of three was not always paged (seen once beside a second make test)
                           SOAKD_SIM__FAULTS__THERMAL_THROTTLE_AT="53s",
-                          SOAKD_SIM__FAULTS__THERMAL_THROTTLE_DURATION="30s",
+                          SOAKD_SIM__FAULTS__THERMAL_THROTTLE_DURATION="60s",
                           SOAKD_SIM__FAULTS__THERMAL_THROTTLE_CLOCK_RATIO="0.45",
                           # an SLO (goodput panel, SLO alert); generous, so that the demo meets it
                           SOAKD_SCENARIOS__SHORT_CHAT__SLO__E2E="60s"),
@@ -231,6 +233,8 @@ async def test_every_dashboard_and_rule_expression_returns_data(tmp_path: Path) 
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(task, 5)
         stop_process(prom)
+        if soakd is not None:
+            (tmp_path / "soakd.out").write_text(soakd.output())
 
 
 async def test_sweep_dashboard_returns_data(tmp_path: Path) -> None:
