@@ -165,6 +165,25 @@ def test_a_leak_the_live_bound_has_not_reached_is_found_by_the_last_judgement() 
     assert found, "no seed where only the last judgement found the leak"
 
 
+def test_a_leak_the_live_judgement_clears_and_suspects_again_is_named_once() -> None:
+    """40 MiB/h under a 60 MiB probe noise: the live judgement sits near its bound and flips. Seed 0 is
+    suspected at window 13, cleared, and suspected again at 15 and 18 (named three times before: a critical
+    finding each time). One 'memory leak' finding, at its first window; the flips are info events."""
+    rng = random.Random(0)
+    mem = [(1800.0 * i + 900.0, 20.0 * i + rng.gauss(0, 60)) for i in range(20)]
+    a = Analyzer(AnalysisConfig(), planned_windows=len(mem))
+    events: list[tuple[str, int | None]] = []
+    a.on_event = lambda kind, severity, message, data, window: events.append((message.split(":")[0], window))
+    for w in _windows(mem):
+        a.add_window(w)
+    live = [f for f in a.findings if f.diagnosis == "memory leak"]
+    assert [f.window for f in live] == [13], live
+    assert ("leak finding revised", 14) in events and ("leak suspected again", 15) in events, events
+    assert ("leak suspected again", 18) in events, events
+    a.verdict()
+    assert [f.window for f in a.findings if f.kind == "leak"] == [13]  # the end confirms it: no second finding
+
+
 def test_a_resumed_run_knows_the_pages_of_its_earlier_segments() -> None:
     """The page raised before a restart is the one the end withdraws (or confirms), not a new finding."""
     rng = random.Random(5)
