@@ -9,6 +9,7 @@ sampler snapshots; ``wall()`` is only for timestamps (logs, the store, ``*_times
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Protocol
 
@@ -78,6 +79,12 @@ class Timeline:
     def window_bounds(self, k: int) -> tuple[float, float]:
         s = self.first_window_start + (k - self.first_index) * self.window
         return s, min(s + self.window, self.end)
+
+    @property
+    def last_index(self) -> int:
+        """The index of the run's last window (the one its end closes, or cuts short)."""
+        span = max(0.0, self.end - self.first_window_start)
+        return self.first_index + max(0, math.ceil(span / self.window - 1e-9) - 1)
 
     @property
     def end(self) -> float:

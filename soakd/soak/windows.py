@@ -197,8 +197,12 @@ class WindowSet:
         window it was scheduled in closed and was dropped (the open loop picks the window when it schedules the
         send, the request starts in the task's first step: a close can come in between; with load workers, a
         worker's batch can report it past the window's end first) is counted in ``lost_records`` and in no window
-        (the recorder counts it in ``soakd_records_lost_total``): a closed window is never opened again."""
-        if rec.window not in self.open and self.timeline.first_index <= rec.window <= self.last_closed:
+        (the recorder counts it in ``soakd_records_lost_total``): a closed window is never opened again. So is one
+        of a window past the run's last (a load worker's report of a send at the very end: seen, a 5-window run's
+        window 5, of no length, crashed the run on a division by zero)."""
+        tl = self.timeline
+        if rec.window not in self.open and (tl.first_index <= rec.window <= self.last_closed
+                                            or rec.window > tl.last_index):
             self.lost_records += 1
             rec.window = LOST
             return

@@ -222,6 +222,23 @@ def test_a_request_reported_after_its_window_closed_opens_no_window_again() -> N
     assert [w.window for w in ws.close_due(20.5)] == [1]  # window 0 never comes out a second time
 
 
+def test_a_request_reported_in_a_window_past_the_runs_end_is_lost_not_a_crash() -> None:
+    """A worker's report of a send at the very end of a 100 s run of 10 s windows, in window 10 (there are 0-9):
+    counted lost, in no window (window 10 would have no length: the run died on a division by zero once)."""
+    clock = ManualClock(0.0)
+    tl = Timeline(0.0, 0.0, 10.0, 100.0)
+    assert tl.last_index == 9 and Timeline(0.0, 5.0, 10.0, 100.0).last_index == 9
+    assert Timeline(0.0, 0.0, 10.0, 95.0, first_index=3).last_index == 12
+    ws = WindowSet(tl, clock=clock)
+    late = _rec(10, 100.0, 1, [2])
+    ws.started(late)
+    ws.finished(late)
+    assert ws.lost_records == 1 and 10 not in ws.open
+    last = _rec(9, 99.9, 1, [2])
+    ws.started(last)
+    assert ws.lost_records == 1 and ws.open[9].in_flight == 1
+
+
 def test_requests_a_worker_reports_after_their_window_closed_are_counted_on_metrics_and_status() -> None:
     """Through the parent's pool: a worker's batch that starts two requests of a window that has closed since
     (the worker's earlier batch reported past the window's end) puts them in no window, and
