@@ -82,8 +82,11 @@ class Timeline:
 
     @property
     def last_index(self) -> int:
-        """The index of the run's last window (the one its end closes, or cuts short)."""
-        span = max(0.0, self.end - self.first_window_start)
+        """The index of the run's last window (the one its end closes, or cuts short); ``first_index - 1`` when
+        the run ends within its warm-up (no window: a resumed run with less left than the warm-up)."""
+        span = self.end - self.first_window_start
+        if span <= 0:
+            return self.first_index - 1
         return self.first_index + max(0, math.ceil(span / self.window - 1e-9) - 1)
 
     @property

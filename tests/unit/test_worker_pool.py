@@ -229,6 +229,14 @@ def test_a_request_reported_in_a_window_past_the_runs_end_is_lost_not_a_crash() 
     tl = Timeline(0.0, 0.0, 10.0, 100.0)
     assert tl.last_index == 9 and Timeline(0.0, 5.0, 10.0, 100.0).last_index == 9
     assert Timeline(0.0, 0.0, 10.0, 95.0, first_index=3).last_index == 12
+    # a resumed run with less time left than its warm-up has no window: a record of its first is lost too
+    for left in (120.0, 100.0):
+        short = WindowSet(Timeline(0.0, 120.0, 60.0, left, first_index=7), clock=clock)
+        assert short.timeline.last_index == 6
+        rec = _rec(7, 120.0, 1, [2])
+        short.started(rec)
+        short.finished(rec)
+        assert short.lost_records == 1 and not short.open
     ws = WindowSet(tl, clock=clock)
     late = _rec(10, 100.0, 1, [2])
     ws.started(late)
