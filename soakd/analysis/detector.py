@@ -31,7 +31,7 @@ from soakd.analysis.drift import DriftResult
 from soakd.analysis.freeze import freeze_finding, freeze_threshold, hung_finding, wedge_finding
 from soakd.analysis.gpu_errors import GpuErrors
 from soakd.analysis.kvsat import kv_saturated_finding
-from soakd.analysis.leak_page import live_confidence, paged_from, withdrawn_finding
+from soakd.analysis.leak_page import LIVE_LEAK_DIAGNOSES, live_confidence, paged_from, withdrawn_finding
 from soakd.analysis.restarts import ServerRestarts
 from soakd.config.analysis import AnalysisConfig
 from soakd.core.findings import Finding
@@ -264,8 +264,11 @@ class LeakDetector(_Quiet):
         page = paged_from(f)
         if page is not None and page[1].source not in self.paged:
             self.paged[page[1].source] = page
-        if page is not None and page[0] is not None:
-            self.named.add(page[1].source)
+        # named by a window of an earlier segment, even where an earlier release's evidence lacks the fields
+        # of a judgement to withdraw (paged_from: None): not named a second time
+        source = f.evidence.get("source")
+        if f.kind == "leak" and f.diagnosis in LIVE_LEAK_DIAGNOSES and f.window is not None and source:
+            self.named.add(source)
 
     def finish(self, ctx: RunContext) -> list[Finding]:
         """The run's last judgement, one look at ``confidence``: a leak it finds that no window named is a

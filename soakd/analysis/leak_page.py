@@ -12,7 +12,7 @@ from soakd.analysis import leak as leak_mod
 from soakd.config.analysis import LeakConfig
 from soakd.core.findings import Finding
 
-__all__ = ["live_confidence", "paged_from", "withdrawn_finding"]
+__all__ = ["LIVE_LEAK_DIAGNOSES", "live_confidence", "paged_from", "withdrawn_finding"]
 
 
 def live_confidence(cfg: LeakConfig, planned_windows: int) -> float:
@@ -23,9 +23,12 @@ def live_confidence(cfg: LeakConfig, planned_windows: int) -> float:
     return max(cfg.confidence, live)
 
 
+LIVE_LEAK_DIAGNOSES = ("memory leak", "KV cache not released")  # what a leak page's finding is named
+
+
 def paged_from(f: Finding) -> tuple[int | None, leak_mod.LeakResult] | None:
     """A leak page as a stored finding shows it (resume): (its window, the judgement it was made on)."""
-    if f.kind != "leak" or f.diagnosis not in ("memory leak", "KV cache not released") or not f.evidence.get("source"):
+    if f.kind != "leak" or f.diagnosis not in LIVE_LEAK_DIAGNOSES or not f.evidence.get("source"):
         return None
     fields = leak_mod.LeakResult.__dataclass_fields__
     try:

@@ -184,6 +184,23 @@ def test_a_leak_the_live_judgement_clears_and_suspects_again_is_named_once() -> 
     assert [f.window for f in a.findings if f.kind == "leak"] == [13]  # the end confirms it: no second finding
 
 
+def test_a_resumed_run_does_not_name_again_a_leak_an_earlier_release_named() -> None:
+    """The same flipping series, stopped after window 14 and resumed, its stored finding from an earlier release
+    (evidence with the source and the rate only, no judgement to withdraw): the leak is not named again."""
+    rng = random.Random(0)
+    mem = [(1800.0 * i + 900.0, 20.0 * i + rng.gauss(0, 60)) for i in range(20)]
+    first = _run(mem[:15])
+    (paged,) = [f for f in first.findings if f.diagnosis == "memory leak"]
+    old = paged.model_copy(update={"evidence": {k: paged.evidence[k] for k in ("source", "growth_per_hour")}})
+    resumed = Analyzer(AnalysisConfig(), planned_windows=20)
+    ws = _windows(mem)
+    resumed.restore(ws[:15], ws[0], [old])
+    for w in ws[15:]:
+        resumed.add_window(w)
+    resumed.verdict()
+    assert [f.window for f in resumed.findings if f.diagnosis == "memory leak"] == [13]
+
+
 def test_a_resumed_run_knows_the_pages_of_its_earlier_segments() -> None:
     """The page raised before a restart is the one the end withdraws (or confirms), not a new finding."""
     rng = random.Random(5)
