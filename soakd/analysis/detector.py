@@ -236,7 +236,7 @@ class LeakDetector(_Quiet):
             if lk.suspected and lk.source not in self.paged:
                 self.paged[lk.source] = (None if ctx.partial else w.window, lk)
         # named once, in the first full window that suspects it: a judgement near its bound that clears and
-        # suspects again is one leak (seen: 52 of 240 noisy 40-80 MiB/h runs named twice or three times, and a
+        # suspects again is one leak (seen: 52 of 240 noisy 30-80 MiB/h runs named twice or three times, and a
         # 1 GiB/s leak under load named at the 8th probe and again at the 10th)
         ctx.new_leaks = [] if ctx.partial else [lk for lk in leaks if lk.suspected and lk.source not in self.named]
         self.named |= {lk.source for lk in ctx.new_leaks}

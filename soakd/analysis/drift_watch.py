@@ -226,6 +226,7 @@ class DriftDetector:
         cfg = self.cfg.drift
         out = []
         prev = self.previous
+        last_pool = max((p.window for p in self.pool), default=-1)
         for metric in cfg.metrics:
             lv = current.get(metric)
             ref, moved_from, dropped = self.reference(metric)
@@ -242,7 +243,6 @@ class DriftDetector:
                 if self.baseline_external:
                     post = self.series[metric]
                 else:
-                    last_pool = max(p.window for p in self.pool)
                     start = moved_from if moved_from is not None else last_pool + 1
                     post = [x for x in self.series[metric] if x.window >= start and x.window not in dropped]
                     # the windows after the pool that agree with it, older than the scan's segments, join the

@@ -9,7 +9,6 @@ sampler snapshots; ``wall()`` is only for timestamps (logs, the store, ``*_times
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from typing import Protocol
 
@@ -84,10 +83,9 @@ class Timeline:
     def last_index(self) -> int:
         """The index of the run's last window (the one its end closes, or cuts short); ``first_index - 1`` when
         the run ends within its warm-up (no window: a resumed run with less left than the warm-up)."""
-        span = self.end - self.first_window_start
-        if span <= 0:
+        if self.end <= self.first_window_start:
             return self.first_index - 1
-        return self.first_index + max(0, math.ceil(span / self.window - 1e-9) - 1)
+        return max(self.first_index, self.window_at(self.end - 1e-9))  # the window of the run's last instant
 
     @property
     def end(self) -> float:

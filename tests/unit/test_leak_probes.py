@@ -165,12 +165,17 @@ def test_a_leak_the_live_bound_has_not_reached_is_found_by_the_last_judgement() 
     assert found, "no seed where only the last judgement found the leak"
 
 
+def _flipping_leak() -> list[tuple[float, float]]:
+    """40 MiB/h under 60 MiB of probe noise, 20 windows, seed 0: a live judgement that flips near its bound."""
+    rng = random.Random(0)
+    return [(1800.0 * i + 900.0, 20.0 * i + rng.gauss(0, 60)) for i in range(20)]
+
+
 def test_a_leak_the_live_judgement_clears_and_suspects_again_is_named_once() -> None:
     """40 MiB/h under a 60 MiB probe noise: the live judgement sits near its bound and flips. Seed 0 is
     suspected at window 13, cleared, and suspected again at 15 and 18 (named three times before: a critical
     finding each time). One 'memory leak' finding, at its first window; the flips are info events."""
-    rng = random.Random(0)
-    mem = [(1800.0 * i + 900.0, 20.0 * i + rng.gauss(0, 60)) for i in range(20)]
+    mem = _flipping_leak()
     a = Analyzer(AnalysisConfig(), planned_windows=len(mem))
     events: list[tuple[str, int | None]] = []
     a.on_event = lambda kind, severity, message, data, window: events.append((message.split(":")[0], window))
@@ -187,8 +192,7 @@ def test_a_leak_the_live_judgement_clears_and_suspects_again_is_named_once() -> 
 def test_a_resumed_run_does_not_name_again_a_leak_an_earlier_release_named() -> None:
     """The same flipping series, stopped after window 14 and resumed, its stored finding from an earlier release
     (evidence with the source and the rate only, no judgement to withdraw): the leak is not named again."""
-    rng = random.Random(0)
-    mem = [(1800.0 * i + 900.0, 20.0 * i + rng.gauss(0, 60)) for i in range(20)]
+    mem = _flipping_leak()
     first = _run(mem[:15])
     (paged,) = [f for f in first.findings if f.diagnosis == "memory leak"]
     old = paged.model_copy(update={"evidence": {k: paged.evidence[k] for k in ("source", "growth_per_hour")}})
