@@ -328,6 +328,8 @@ class DriftDetector:
         results: list[drift_mod.DriftResult] = []
         if self.pool_complete and not joined and not w.partial:
             self._recheck_pool(w, ctx)
+            if self.baseline_external:  # no pool closes: the floor grows with the run's own windows (as restore does)
+                self._detectable()
             results = self._live(w, current)
         for r in results:
             self.drift[(r.metric, r.reference)] = r

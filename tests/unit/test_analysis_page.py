@@ -428,3 +428,23 @@ def test_the_first_windows_of_a_climb_never_join_the_reference() -> None:
     paged = [f.window for f in an.findings if f.diagnosis == "performance drift"]
     v = an.verdict()
     assert v.result == "FAIL" and paged, (paged, v.reasons)
+
+
+def test_a_run_against_an_earlier_runs_baseline_says_the_smallest_change_a_page_catches_live() -> None:
+    """With a baseline from an earlier run (``--baseline``) no pool closes: the smallest change a page catches was
+    computed by a resumed run only, so the live run's report and ``soakd_drift_detectable_ratio`` had none. Now it
+    follows the run's own windows, the same live and resumed."""
+    rng = random.Random(11)
+    ws = _windows([rng.gauss(0, math.sqrt(VAR)) for _ in range(10)])
+    base = ws[0].model_copy(update={"window": -1})
+    cfg = AnalysisConfig(drift=DriftConfig(metrics=["e2e_p50"]))
+    live = Analyzer(cfg, baseline=base, planned_windows=10)
+    seen = []
+    for w in ws[1:]:
+        live.add_window(w)
+        seen.append(live.drift_detector.detectable.get("e2e_p50"))
+    assert all(v is not None and 0 < v < 0.5 for v in seen), seen
+    resumed = Analyzer(cfg, baseline=base, planned_windows=10)
+    resumed.restore(ws[1:], base)
+    assert resumed.drift_detector.detectable["e2e_p50"] == pytest.approx(seen[-1])
+    assert live.verdict().judged.detectable["e2e_p50"] == pytest.approx(seen[-1])
