@@ -439,7 +439,7 @@ def _check_interval(va: Scrape, vb: Scrape, sa: Scrape, sb: Scrape, min_ok: int)
     vn, vm = hist_mean(va, vb, "vllm:inter_token_latency_seconds")
     sn, sm = hist_mean(sa, sb, "soakd_inter_token_latency_seconds")
     out["itl"] = {"vllm_count": vn, "vllm_mean_ms": round(vm * 1e3, 3), "soakd_count": sn,
-                  "soakd_mean_ms": round(sm * 1e3, 3)}  # fmt: skip
+                  "soakd_mean_ms": round(sm * 1e3, 3), "soakd_mean_s": sm}  # fmt: skip
     out["tokens"] = {
         "vllm_generation": delta(va, vb, "vllm:generation_tokens_total"),
         "soakd_completion": delta(sa, sb, "soakd_completion_tokens_total"),
@@ -473,11 +473,12 @@ def _check_interval(va: Scrape, vb: Scrape, sa: Scrape, sb: Scrape, min_ok: int)
     # plausible: a 2-layer model on a CPU, ~2 ms a step. The gaps soakd measures between a request's chunks lie
     # inside the request: their total is at most the requests' (a unit error breaks it). How far below vLLM's
     # ITL they read depends on how the API server's chunks reach the client: beside two CPU-bound processes it
-    # sent tokens in bursts that arrive in one read (soakd's mean gap 0.134 ms against vLLM's 1.29 ms), so the
-    # mean is only bounded below by zero
+    # sent tokens in bursts that arrive in one read (soakd's mean gap 0.134 ms against vLLM's 1.29 ms; once, beside
+    # two burners, under 0.0005 ms over 16,419 gaps: nearly every chunk after a request's first came in one read), so
+    # the mean is only bounded below by zero (asserted unrounded)
     itl = out["itl"]
-    assert 0.0 < itl["soakd_mean_ms"] / 1e3 < 0.05, itl
-    assert itl["soakd_mean_ms"] * itl["soakd_count"] <= e2e["soakd_mean_ms"] * e2e["soakd_count"], out
+    assert 0.0 <= itl["soakd_mean_s"] < 0.05, itl
+    assert itl["soakd_mean_s"] * itl["soakd_count"] <= e2e["soakd_mean_ms"] / 1e3 * e2e["soakd_count"], out
     assert 0.001 < out["ttft"]["soakd_mean_ms"] / 1e3 < 1.0 and 0.005 < out["e2e"]["soakd_mean_ms"] / 1e3 < 5.0
     t = out["tokens"]
     # soakd's token counters are the server's usage blocks: the same numbers
