@@ -1,7 +1,8 @@
 """The Sampler protocol, the wrapper that isolates each sampler, and the snapshot collector.
 
 A sampler returns a list of ``Series`` (a catalogue metric name, labels, a value) or raises.
-``SamplerRunner`` runs it (APScheduler job, one per sampler), times it, records
+``SamplerRunner`` runs it (APScheduler job, one per sampler) within its timeout of the time soakd's
+loop was on time (``soakd.core.punctual``: soakd's own stalls are not the source's), times it, records
 ``soakd_sampler_up``/``errors_total``/``duration``/``last_success``, logs state changes once
 (up->down, down->up) rather than every failure, and never lets an exception escape. The
 ``SnapshotCollector`` exposes the latest snapshot of every sampler at scrape time: no I/O in
@@ -22,6 +23,7 @@ from typing import Protocol, runtime_checkable
 import structlog
 from prometheus_client.core import Metric
 
+from soakd.core.punctual import within
 from soakd.core.series import Series
 from soakd.metrics import BY_NAME
 
@@ -91,7 +93,7 @@ class SamplerRunner:
         t0 = time.perf_counter()
         self.runs += 1
         try:
-            result = await asyncio.wait_for(self.sampler.sample(), self.timeout)
+            result = await within(self.sampler.sample(), self.timeout)  # soakd's own stalls not charged
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a sampler failure is data, never fatal

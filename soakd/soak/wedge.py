@@ -14,7 +14,8 @@ progress: a wedged vLLM or SGLang front end sends them for every new request and
 whatever metric names the server exports. A silence of the freeze threshold (``Analyzer.freeze_threshold``:
 at least ``analysis.client.freeze_min`` and 3x the baseline's TTFT p95 and inter-token p99), or of half
 ``analysis.client.probe_interval``, with soakd's own loop punctual, is probed with ``GET /models`` on a
-connection of its own, at most one probe in flight, each bounded by ``probe_interval``:
+connection of its own, at most one probe in flight, each bounded by ``probe_interval`` of the time
+soakd's loop was on time (``soakd.core.punctual``: a soakd starved of CPU is not a hung server):
 
 - it answers and the silence has passed the threshold: a wedge, ``soakd_engine_wedged`` 1, a critical
   finding of kind ``freeze`` ('engine wedged', failing the run); the first token after it ends the episode
@@ -58,6 +59,7 @@ import structlog
 from soakd.analysis.freeze import FALSE_FREEZES
 from soakd.analysis.kvsat import wedge_diagnosis
 from soakd.config.analysis import KvSaturationConfig
+from soakd.core.punctual import within
 from soakd.core.records import Outcome, RequestRecord
 
 log = structlog.get_logger("soakd")
@@ -238,7 +240,7 @@ class WedgeWatch:
         self._probing = True
         self.probes += 1
         try:
-            await asyncio.wait_for(self.probe(), timeout=self.probe_interval)
+            await within(self.probe(), self.probe_interval)  # soakd's own stalls are not the server's silence
         except TimeoutError:
             return False
         except Exception:  # noqa: BLE001 - refused or failed: the recorder's connects see an outage
