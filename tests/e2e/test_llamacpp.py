@@ -252,12 +252,18 @@ async def test_soak_all_scenarios_with_outage_and_recovery(tmp_path: Path) -> No
     # latencies are plausible for a tiny model on a CPU: positive, ordered, well under a second
     # per token; long prompts take longer to prefill than short ones
     base = windows[0]
-    for key in ("ttft_seconds", "itl_seconds", "e2e_seconds"):
+    for key in ("ttft_seconds", "e2e_seconds"):
         q = base[key]
         assert 0 < q["p50"] <= q["p95"], (key, q)
     assert base["ttft_seconds"]["p50"] < 5.0 and base["itl_seconds"]["p50"] < 0.25, base
     assert base["e2e_seconds"]["p50"] > base["ttft_seconds"]["p50"]
-    assert base["itl_seconds"]["p50"] > 1e-5, "tokens stream one by one, not in one burst"
+    # tokens stream one by one, not in one burst: one inter-token gap per token after the first, and gaps
+    # that take time. Beside other work llama-server's HTTP thread writes several of the tiny model's tokens
+    # (a millisecond apart) in one send, and they arrive together: seen beside a benchmark on the other
+    # core, ITL p50 0 and p95 2.8 ms (8,275 gaps in 183 requests). The median gap is no evidence either way.
+    itl = base["itl_seconds"]
+    assert 0 <= itl["p50"] <= itl["p95"] and itl["p95"] > 1e-5, itl
+    assert itl["count"] >= 8 * base["e2e_seconds"]["count"], (itl, base["e2e_seconds"])
     # ignore_eos is honoured and usage comes from the server: every response is max_tokens long
     # (at least 16, batch_burst's minimum)
     assert base["completion_tokens"] >= 16 * base["requests"], base
