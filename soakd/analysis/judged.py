@@ -56,7 +56,9 @@ def not_judged(windows: Iterable[WindowSummary], min_requests: int) -> list[NotJ
             shares = [c.impaired_share for c in cs if c.impaired_share is not None]
             detail = (f"soakd's event loop lagged up to {lag * 1000:.0f} ms, {stall:.1f} s stalled in all"
                       + (f", up to {max(shares):.0%} of a window's requests impaired" if shares else "")
-                      + (f", its cgroup throttled {throttled:.1f} s" if throttled else "") + (f" ({why})" if why else ""))
+                      + (f", its cgroup throttled {throttled:.1f} s" if throttled else "") + (f" ({why})" if why else "")
+                      + "; give soakd CPU of its own (a CPU request, fewer other processes on the node), or judge a "
+                        "node that is busy all run long with analysis.client.request_lag_relative: 3")
         elif cause == "too_few_requests":
             detail = (f"fewer than {min_requests} requests: "
                       + ", ".join(f"window {w.window} had {min(w.requests, w.e2e_seconds.count)}" for w in ws[:6]) + ("…" if len(ws) > 6 else ""))

@@ -1,7 +1,7 @@
 """Every verdict names its cause, in every output: INCONCLUSIVE says how many windows were not judged
-and why (client-impaired with soakd's own stall figure, too few requests, the target down, partial),
-PASS says what was judged (windows, requests, the smallest change each metric could show) — in the
-Markdown and HTML reports, JUnit, the terminal summary and the verdict's own lines (what the
+and why (client-impaired with soakd's own stall figure and what to do about it, too few requests, the
+target down, partial), PASS says what was judged (windows, requests, the smallest change each metric
+could show) — in the Markdown and HTML reports, JUnit, the terminal summary and the verdict's own lines (what the
 ``soakd_finished`` log line carries). Windows from the analysis tests' builder, judged by the real
 analysis engine, written into a store through the RunStore API."""
 
@@ -79,6 +79,8 @@ def test_inconclusive_names_the_client_impaired_windows_and_the_stall(tmp_path: 
     assert "5 of 8 full windows could be judged" in v.inconclusive and "client-impaired" in v.inconclusive
     for name, text in _outputs(report).items():
         assert "client-impaired" in text and "412 ms" in text and "windows 2, 4, 6" in text, name
+        # and what to do about it
+        assert "give soakd CPU of its own" in text and "analysis.client.request_lag_relative: 3" in text, name
     # the window table says it too
     notes = {r.window: r.notes for r in report.table}
     assert all("not judged: client-impaired (soakd itself stalled)" in notes[i] for i in (2, 4, 6))
