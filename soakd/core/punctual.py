@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import TypeVar
 
 __all__ = ["within"]
@@ -31,22 +31,21 @@ def _slice(timeout: float) -> float:
     return max(0.05, min(0.25, timeout / 8))
 
 
-async def within(aw: Awaitable[T], timeout: float, *, max_wall: float | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> T:
+async def within(aw: Awaitable[T], timeout: float, *, max_wall: float | None = None) -> T:
     """``aw``'s result, or ``TimeoutError`` once ``timeout`` seconds of punctual loop time (or
     ``max_wall`` seconds of wall time) have passed without it; ``aw`` is cancelled then."""
     task = asyncio.ensure_future(aw)
     left = timeout
     step = _slice(timeout)
-    give_up = clock() + (max_wall if max_wall is not None else max(4 * timeout, timeout + 10))
+    give_up = time.perf_counter() + (max_wall if max_wall is not None else max(4 * timeout, timeout + 10))
     try:
         while True:
-            ask = min(step, max(left, 0.0))
-            t0 = clock()
+            ask = min(step, left)  # left > 0: checked below before each new slice
+            t0 = time.perf_counter()
             done, _ = await asyncio.wait({task}, timeout=ask)
             if done:
                 return task.result()
-            now = clock()
+            now = time.perf_counter()
             left -= min(now - t0, ask)  # a late wake-up is soakd's own lag, not the server's time
             if left <= 1e-6 or now >= give_up:
                 raise TimeoutError
@@ -54,5 +53,5 @@ async def within(aw: Awaitable[T], timeout: float, *, max_wall: float | None = N
         if not task.done():
             task.cancel()
             await asyncio.wait({task})  # its end (a cancellation of this wait itself still propagates)
-        if task.done() and not task.cancelled():
+        if not task.cancelled():  # done by now: returned, timed out or cancelled above
             task.exception()  # retrieved: raised above, or dropped with the timeout
