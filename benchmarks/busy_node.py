@@ -13,7 +13,9 @@ Each run starts the simulator (``soakd sim``, pinned to the last core) and ``soa
 and the simulator either calm (``calm``) or with its latency step fault (``step``: every delay 10%
 longer from a point after the baseline pool). What must hold (issue 21): a calm server PASSes (not
 INCONCLUSIVE) in >= 9 of 10 runs, a +10% step FAILs in >= 9 of 10, and the share of requests impaired
-by soakd's own stalls is reported. Needs ``taskset`` (util-linux); the quota mode needs root and a
+by soakd's own stalls is reported; and no run names the server "target hung" or "engine wedged" (it never
+stopped: that would be soakd's own stall charged to it). Samplers and the target found down are counted
+and shown. Needs ``taskset`` (util-linux); the quota mode needs root and a
 writable cgroup (else it is skipped, saying why).
 
 Usage::
@@ -73,6 +75,25 @@ def quota_cgroup(name: str) -> tuple[Path | None, str]:
     return None, "no cgroup cpu controller (neither v2 cpu.max nor v1 cpu.cfs_quota_us)"
 
 
+def sim_block(pairs: list[str]) -> dict[str, Any]:
+    """``--sim KEY=VALUE`` pairs as the simulator's ``sim:`` block (values read as JSON where they parse)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--sim {pair!r}: expected KEY=VALUE")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        *parents, leaf = key.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
 def config(path: Path, a: argparse.Namespace) -> None:
     warmup, window, windows = a.warmup, a.window, a.windows
     path.write_text(json.dumps({
@@ -102,6 +123,9 @@ def one_run(mode: str, fault: str, seed: int, a: argparse.Namespace, cgroup: Pat
     step_at = a.startup + a.warmup + (a.pool + 1.5) * a.window
     if fault == "step":
         sim_cmd += ["--latency-step-at", f"{step_at}s", "--latency-step-pct", "10"]
+    sim_cfg = work / "sim.json"  # YAML's superset: the simulator reads it as its sim: block
+    sim_cfg.write_text(json.dumps({"sim": sim_block(a.sim)}))
+    sim_cmd += ["-c", str(sim_cfg)]
     cfg = work / "soak.json"
     config(cfg, a)
     soak = [py, "-m", "soakd", "run", "-c", str(cfg), "--target", f"http://127.0.0.1:{port}/v1",
@@ -139,6 +163,8 @@ def one_run(mode: str, fault: str, seed: int, a: argparse.Namespace, cgroup: Pat
             req = sum(w.get("requests", 0) for w in windows)
             imp = sum((w.get("client") or {}).get("requests_impaired", 0) for w in windows)
             v = rep.get("verdict") or {}
+            events = [e for items in (rep.get("findings") or {}).values() for e in items]
+            named = [e.get("diagnosis") or e.get("kind") for e in events]
             out.update({
                 "result": v.get("result", out["result"]),
                 "requests": req, "requests_impaired": imp, "impaired_share": imp / req if req else None,
@@ -149,6 +175,11 @@ def one_run(mode: str, fault: str, seed: int, a: argparse.Namespace, cgroup: Pat
                 "output_tokens_per_second": round(sum(w.get("output_tokens_per_second", 0.0) for w in windows)
                                                   / max(1, len(windows))),
                 "reasons": v.get("reasons", [])[:3],
+                # what soakd's own starvation must never be taken for: the server hung or wedged, a sampler
+                # down, the target down (the wedge watch's probe and the samplers wait on soakd's own time)
+                "hung": sum(n in ("target hung", "engine wedged") for n in named),
+                "sampler_down": sum(e.get("kind") == "sampler_down" for e in events),
+                "target_down_seconds": round(sum(w.get("target_down_seconds") or 0.0 for w in windows), 1),
                 "inconclusive": v.get("inconclusive"),
             })
     finally:
@@ -173,12 +204,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=128, help="max_tokens per request (default 128)")
     p.add_argument("--ttft", type=float, default=0.02)
     p.add_argument("--tpot", type=float, default=0.004)
+    p.add_argument("--sim", action="append", default=[], metavar="KEY=VALUE",
+                   help="a field of the simulator's sim: block, dotted for nested ones (repeatable), e.g. "
+                        "tpot_per_batch=0 device.power_per_request_watts=4: every stream at --tpot whatever the batch, "
+                        "and no simulated power cap at 128 streams (the token rate of --high-rate)")
+    p.add_argument("--high-rate", action="store_true",
+                   help="~30,000 streamed tokens/s: 128 streams of 128 tokens at 4 ms a token, the simulator's batch "
+                        "slowdown and power cap off (sets --concurrency, --tokens, --tpot and two --sim fields)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--startup", type=float, default=8.0,
                    help="seconds soakd takes to start sending after the simulator starts (places the step)")
     p.add_argument("--json", type=Path, help="write every run here (after each run)")
     p.add_argument("--keep", type=Path, help="keep each run's report.json here, as <mode>-<fault>-<seed>.json")
     a = p.parse_args(argv)
+    if a.high_rate:
+        a.concurrency, a.tokens, a.tpot = 128, 128, 0.004
+        a.sim = ["tpot_per_batch=0", "device.power_per_request_watts=4", *a.sim]
+    try:
+        sim_block(a.sim)
+    except ValueError as exc:
+        p.error(str(exc))
     if shutil.which("taskset") is None:
         print("taskset (util-linux) is needed", file=sys.stderr)
         return 2
@@ -212,14 +257,18 @@ def main(argv: list[str] | None = None) -> int:
             hit = sum(r.get("result") == want for r in rs)
             shares = [r["impaired_share"] for r in rs if r.get("impaired_share") is not None]
             tok = [r["output_tokens_per_second"] for r in rs if r.get("output_tokens_per_second") is not None]
+            hung = sum(bool(r.get("hung")) for r in rs)
+            down = sum(bool(r.get("sampler_down")) or bool(r.get("target_down_seconds")) for r in rs)
             results = ", ".join(f"{k} {sum(r.get('result') == k for r in rs)}"
                                 for k in ("PASS", "FAIL", "INCONCLUSIVE"))
-            good = hit >= 0.9 * len(rs)
+            # and the server never stopped: a hang named is soakd's own stall charged to it
+            good = hit >= 0.9 * len(rs) and hung == 0
             ok &= good
             print(f"{'ok  ' if good else 'MISS'} {mode:<8} {fault:<5} {want} in {hit} of {len(rs)} ({results}); "
                   f"requests impaired {min(shares, default=0):.1%}-{max(shares, default=0):.1%} "
                   f"(mean {sum(shares) / max(1, len(shares)):.1%}); "
-                  f"~{sum(tok) / max(1, len(tok)):.0f} tokens/s", flush=True)
+                  f"~{sum(tok) / max(1, len(tok)):.0f} tokens/s; 'target hung' or 'engine wedged' in {hung} runs, "
+                  f"a sampler or the target down in {down}", flush=True)
     return 0 if ok else 1
 
 
