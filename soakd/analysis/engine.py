@@ -33,6 +33,7 @@ from soakd.analysis.detector import (
     RestartDetector,
     RunContext,
     ThrottleDetector,
+    own_delay,
     WindowContext,
 )
 from soakd.analysis.drift_watch import DriftDetector
@@ -153,7 +154,7 @@ class Analyzer:
         self.freeze = FreezeDetector(config)
         self.freeze.planned = self.planned_windows
         self.restarts = RestartDetector()
-        self.client = ClientDetector()
+        self.client = ClientDetector(config)
         self.errors = ErrorDetector(config)
         self.ab = AbDetector(ab) if ab is not None else None
         self.detectors: tuple[Detector, ...] = (
@@ -353,6 +354,10 @@ class Analyzer:
             return f.judged(False, "the run's last leak judgement of this source decides")
         if f.kind not in fail_on:
             return f.judged(False, f"{f.kind!r} is not in analysis.verdict.fail_on")
+        # a latency drift that soakd's own lag explains while the server's own histograms stayed put
+        own = own_delay(f, self.history.full(), self.drift_detector.pool, self.cfg) if f.kind == "drift" else None
+        if own is not None:
+            return f.judged(False, own)
         return f.judged(True, failing_reason(f.kind, f.diagnosis, f.window, f.last_window, f.metrics))
 
     def finish(self) -> changes_mod.RunDrift:

@@ -467,6 +467,15 @@ class ClientConfig(_Model):
         "and a starvation that changes mid-run can move e2e p95 enough to fail it: measured live, "
         "benchmarks/busy_node.py).",
     )
+    timing_lag_p99: Duration | None = Field(
+        0.02,
+        gt=0,
+        description="A judged window in which soakd's event loop lagged this long or longer at its p99 (soakd short "
+        "of CPU all window long, e.g. at its cgroup limit, without a single stall beyond request_max_lag) gets an "
+        "info finding, 'client lagging': its latencies carry up to that much of soakd's own delay and inter-token "
+        "gaps shorter than it are not resolved (the server's own TTFT and ITL means shown beside soakd's where it "
+        "exports them). Never fails a run, never leaves a window unjudged. null: no such finding.",
+    )
     max_impaired_share: float = Field(
         0.2,
         ge=0,

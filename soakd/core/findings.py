@@ -264,6 +264,14 @@ DIAGNOSES: dict[str, Diagnosis] = {d.name: d for d in (
        "soakd's CPU request and limit, other work on the node, the load soakd drives (more worker processes)",
        ("impaired_reason", "loop_lag_max_seconds", "stall_seconds", "cpu_share", "cgroup_throttled_seconds"),
        fails=False, title="Client-impaired"),
+    _d("client lagging", "client", "info", "client", "soakdclientimpaired",
+       "soakd's event loop lagged beyond analysis.client.timing_lag_p99 (20 ms) at its p99 through a judged window "
+       "(short of CPU, e.g. at its cgroup limit): its latencies carry up to that lag, inter-token gaps below it are "
+       "not resolved",
+       "soakd's CPU request and limit (cpu_share), other work on the node, the load soakd drives; the server's own "
+       "TTFT and ITL means beside soakd's",
+       ("loop_lag_p99_seconds", "cpu_share", "ttft_mean_seconds", "server_ttft_mean_seconds"),
+       fails=False, title="Client lagging"),
 )}
 
 

@@ -93,6 +93,8 @@ EXAMPLES: dict[str, tuple[dict[str, Any], str]] = {
                               "cand-w"),
     "client-impaired": ({"impaired_reason": "event-loop lag p99 412 ms", "loop_lag_max_seconds": 0.412},
                         "event-loop lag p99 412 ms"),
+    "client lagging": ({"loop_lag_p99_seconds": 0.0641, "cpu_share": 0.5, "ttft_mean_seconds": 0.0466,
+                        "server_ttft_mean_seconds": 0.0219}, "server_ttft_mean_seconds 0.0219"),
 }
 
 
