@@ -532,12 +532,20 @@ def own_delay(f: Finding, closed: list[Window], pool: list[Window], cfg: Analysi
     tokens/s: soakd's TTFT p50 37 -> 45-55 ms, e2e p50 +5.6%, the server's own TTFT mean 21.7-22.8 ms
     throughout (``benchmarks/busy_node.py --high-rate``). Where the server exports no such histograms, or soakd
     was punctual, the drift is judged as any other."""
+    if f.window is None:
+        return None
+    return own_delay_span(f.metrics, f.window, f.last_window or f.window, closed, pool, cfg)
+
+
+def own_delay_span(metrics: list[str], first: int, last: int, closed: list[Window], pool: list[Window],
+                   cfg: AnalysisConfig) -> str | None:
+    """``own_delay`` for a drift of ``metrics`` over windows ``first``-``last`` (the live page asks it too)."""
     bound = cfg.client.timing_lag_p99
-    families = {m.split("_", 1)[0] for m in f.metrics}
-    if bound is None or f.window is None or not families or not families <= {"ttft", "itl", "e2e"}:
+    families = {m.split("_", 1)[0] for m in metrics}
+    if bound is None or not families or not families <= {"ttft", "itl", "e2e"}:
         return None
     by = {w.window: w for w in closed}
-    span = [by[i] for i in range(f.window, max(f.window, f.last_window or f.window) + 1) if i in by]
+    span = [by[i] for i in range(first, max(first, last) + 1) if i in by]
     lags = [w.client.loop_lag_p99_seconds for w in span
             if w.client is not None and w.client.loop_lag_p99_seconds is not None]
     if not span or not pool or not lags or max(lags) < bound:
@@ -555,7 +563,7 @@ def own_delay(f: Finding, closed: list[Window], pool: list[Window], cfg: Analysi
         if abs(change) >= cfg.drift.threshold:
             return None
         moved.append(f"{family.upper()} mean {change:+.1%}")
-    where = f"window {f.window}" if len(span) == 1 else f"windows {span[0].window}-{span[-1].window}"
+    where = f"window {first}" if len(span) == 1 else f"windows {span[0].window}-{span[-1].window}"
     return (f"soakd's own delay, not the server's: soakd's loop lagged up to {max(lags) * 1000:.0f} ms at p99 in "
             f"{where} (client lagging) while the server's own {' and '.join(moved)} against the baseline pool "
             f"(its histograms): reported, not failing")

@@ -15,7 +15,7 @@ from soakd.analysis import drift as drift_mod
 from soakd.analysis import judged as judged_mod
 from soakd.analysis import levels as levels_mod
 from soakd.analysis import page as page_mod
-from soakd.analysis.detector import RunContext, WindowContext
+from soakd.analysis.detector import RunContext, WindowContext, own_delay_span
 from soakd.analysis.periodic import PeriodicDrops, periodic_drops
 from soakd.config.analysis import AnalysisConfig
 from soakd.core.findings import Finding
@@ -335,6 +335,8 @@ class DriftDetector:
             self.drift[(r.metric, r.reference)] = r
         for metric in cfg.drift.metrics:
             flagged = [r for r in results if r.metric == metric and r.flagged]
+            if flagged and own_delay_span([metric], w.window, w.window, ctx.full, self.pool, cfg) is not None:
+                flagged = []  # soakd's own lag, the server's own histograms unmoved: no page (its finding says why)
             self.drift_active[metric] = bool(flagged)
             if flagged:
                 self.drift_events[metric] = self.drift_events.get(metric, 0) + 1

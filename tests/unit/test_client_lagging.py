@@ -58,8 +58,10 @@ def test_no_finding_for_a_punctual_loop_an_impaired_window_or_with_the_rule_off(
     assert [f.window for f in _lagging(analyzer)] == [3]
 
 
-def _stepped(lag: float, server_step: float, n: int = 10, cfg: AnalysisConfig | None = None) -> tuple[Analyzer, list]:
-    """soakd's latencies +20% from window 5 on; the server's own TTFT and ITL means x ``server_step`` from there."""
+def _stepped(lag: float, server_step: float, n: int = 10, cfg: AnalysisConfig | None = None,
+             pages: list[int] | None = None) -> tuple[Analyzer, list]:
+    """soakd's latencies +20% from window 5 on; the server's own TTFT and ITL means x ``server_step`` from there;
+    ``pages``: the windows after which the live page (soakd_drift_detected) was up for a metric."""
     rng = random.Random(7)
     analyzer = Analyzer(cfg or AnalysisConfig(), planned_windows=n)
     for i in range(n):
@@ -69,11 +71,15 @@ def _stepped(lag: float, server_step: float, n: int = 10, cfg: AnalysisConfig | 
         w.client = ClientSummary(heartbeats=6000, loop_lag_p50_seconds=0.001, loop_lag_p99_seconds=lag,
                                  loop_lag_max_seconds=lag + 0.01, cpu_share=0.5)
         analyzer.add_window(w)
+        if pages is not None and any(analyzer.states()["drift"].active.values()):
+            pages.append(i)
     return analyzer, analyzer.verdict()
 
 
-def test_a_latency_drift_soakds_own_lag_explains_is_reported_not_failing() -> None:
-    analyzer, verdict = _stepped(0.06, 1.01)  # soakd lagged; the server's own means moved +1%
+def test_a_latency_drift_soakds_own_lag_explains_is_reported_not_failing_nor_paged() -> None:
+    pages: list[int] = []
+    analyzer, verdict = _stepped(0.06, 1.01, pages=pages)  # soakd lagged; the server's own means moved +1%
+    assert pages == []
     drift = [f for f in analyzer.findings if f.kind == "drift" and f.severity != "info"]
     assert drift, [f.message for f in analyzer.findings]
     assert not any(f.fails for f in drift)
@@ -82,10 +88,12 @@ def test_a_latency_drift_soakds_own_lag_explains_is_reported_not_failing() -> No
     assert verdict.result == "PASS", verdict.reasons
 
 
-def test_the_same_drift_fails_when_the_server_moved_too_or_soakd_was_punctual_or_the_rule_is_off() -> None:
-    _, verdict = _stepped(0.06, 1.2)  # the server's own histograms moved +20%: the server's drift
-    assert verdict.result == "FAIL"
-    _, verdict = _stepped(0.005, 1.01)  # soakd punctual: its numbers stand
-    assert verdict.result == "FAIL"
+def test_the_same_drift_fails_and_pages_when_the_server_moved_too_or_soakd_was_punctual_or_the_rule_is_off() -> None:
+    pages: list[int] = []
+    _, verdict = _stepped(0.06, 1.2, pages=pages)  # the server's own histograms moved +20%: the server's drift
+    assert verdict.result == "FAIL" and pages and min(pages) >= 5
+    pages = []
+    _, verdict = _stepped(0.005, 1.01, pages=pages)  # soakd punctual: its numbers stand
+    assert verdict.result == "FAIL" and pages and min(pages) >= 5
     _, verdict = _stepped(0.06, 1.01, cfg=AnalysisConfig.model_validate({"client": {"timing_lag_p99": None}}))
     assert verdict.result == "FAIL"
