@@ -474,7 +474,7 @@ class ClientDetector(_Quiet):
     short of CPU all window long, e.g. at its cgroup limit: no single stall beyond ``request_max_lag``, so
     no request impaired) is 'client lagging': its latencies carry up to that lag of soakd's own, and
     inter-token gaps shorter than it are not resolved (tokens read together). Measured: at a half-core
-    quota and ~29,000 streamed tokens/s soakd's loop lagged 55-66 ms at p99, its TTFT mean was 46.6 ms
+    quota and ~29,000 streamed tokens/s soakd's loop lagged 52-66 ms at p99, its TTFT mean was 46.6 ms
     against the server's own 21.9 ms and its ITL p50 read 0 (``benchmarks/busy_node.py --high-rate``)."""
 
     name = "client"
