@@ -479,9 +479,9 @@ class ClientDetector(_Quiet):
 
     name = "client"
 
-    def __init__(self, config: AnalysisConfig | None = None) -> None:
+    def __init__(self, config: AnalysisConfig) -> None:
         self.impaired = 0
-        self.timing_lag_p99 = config.client.timing_lag_p99 if config is not None else None
+        self.timing_lag_p99 = config.client.timing_lag_p99
 
     def add(self, w: Window, ctx: WindowContext) -> None:
         c = w.client
@@ -508,11 +508,9 @@ def lagging_finding(w: Window, c: ClientSummary) -> Finding:
                           "cpu_share": c.cpu_share, "cgroup_throttled_seconds": c.cgroup_throttled_seconds}
     cpu = f", soakd using {c.cpu_share:.2f} of a core" if c.cpu_share is not None else ""
     seen = []
-    for metric, ours, theirs in (("ttft", w.ttft_seconds.mean, w.server.ttft_mean_seconds),
-                                 ("itl", w.itl_seconds.mean, w.server.itl_mean_seconds)):
-        if ours is not None and theirs is not None:
-            ev[f"{metric}_mean_seconds"], ev[f"server_{metric}_mean_seconds"] = ours, theirs
-            seen.append(f"{metric.upper()} mean {ours * 1000:.1f} ms, the server's own {theirs * 1000:.1f} ms")
+    for metric, ours, theirs in w.beside_server():
+        ev[f"{metric}_mean_seconds"], ev[f"server_{metric}_mean_seconds"] = ours, theirs
+        seen.append(f"{metric.upper()} mean {ours * 1000:.1f} ms, the server's own {theirs * 1000:.1f} ms")
     also = f" ({'; '.join(seen)})" if seen else ""
     return Finding(kind="client", diagnosis="client lagging", severity="info",
                    message=f"window {w.window}: soakd's event loop lagged {p99 * 1000:.0f} ms at p99 (longest "

@@ -309,3 +309,9 @@ class WindowSummary(_WithGoodput):
     @property
     def ok(self) -> int:
         return int(self.outcomes.get("ok", 0))
+
+    def beside_server(self) -> list[tuple[str, float, float]]:
+        """(``ttft`` or ``itl``, soakd's mean, the server's own mean from its histograms) where both are known."""
+        pairs = (("ttft", self.ttft_seconds.mean, self.server.ttft_mean_seconds),
+                 ("itl", self.itl_seconds.mean, self.server.itl_mean_seconds))
+        return [(m, ours, theirs) for m, ours, theirs in pairs if ours is not None and theirs is not None]

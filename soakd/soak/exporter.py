@@ -113,10 +113,8 @@ class AnalysisExporter:
                         lag.add_metric([q], v)
                 yield lag
             diff = BY_NAME["soakd_window_server_latency_difference_seconds"].family()
-            for metric, ours, theirs in (("ttft", w.ttft_seconds.mean, w.server.ttft_mean_seconds),
-                                         ("itl", w.itl_seconds.mean, w.server.itl_mean_seconds)):
-                if ours is not None and theirs is not None:
-                    diff.add_metric([metric], ours - theirs)
+            for metric, ours, theirs in w.beside_server():
+                diff.add_metric([metric], ours - theirs)
             yield diff
             if w.server.prefix_cache_hit_ratio is not None:
                 hit = BY_NAME["soakd_window_prefix_cache_hit_ratio"].family()
