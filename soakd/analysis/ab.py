@@ -154,7 +154,7 @@ class AbJudge:
         for cand in cands:
             if k not in self.windows[cand] or k not in self.windows[self.reference]:
                 continue
-            for metric in self.cfg.drift.metrics:
+            for metric in self.cfg.drift.soakd_metrics:
                 r = self._window_result(cand, metric, k)
                 if r is None:
                     self.last.pop((metric, cand), None)  # no ratio: missing, not 0
@@ -188,10 +188,10 @@ class AbJudge:
     def run_results(self) -> list[AbResult]:
         """Per candidate and metric: the mean paired difference over the run, with its interval."""
         out = []
-        family = max(1, len(self.cfg.drift.metrics)) * max(1, len(self.candidates))
+        family = self.cfg.drift.family * max(1, len(self.candidates))
         p = 1.0 - (1.0 - self.cfg.drift.confidence) / (2.0 * family)
         for cand in self.candidates:
-            for metric in self.cfg.drift.metrics:
+            for metric in self.cfg.drift.soakd_metrics:
                 pairs = self._pairs(cand, metric)
                 n = len(pairs)
                 if n < 2:
@@ -223,9 +223,9 @@ class AbJudge:
         out: list[AbSegment] = []
         points: dict[tuple[str, str], list[int]] = {}
         alpha = 1.0 - self.cfg.drift.confidence
-        family = max(1, len(self.cfg.drift.metrics)) * max(1, len(self.candidates))
+        family = self.cfg.drift.family * max(1, len(self.candidates))
         for cand in self.candidates:
-            for metric in self.cfg.drift.metrics:
+            for metric in self.cfg.drift.soakd_metrics:
                 pairs = self._pairs(cand, metric)
                 diffs = self._diffs(pairs)
                 if len(diffs) < 4:

@@ -50,7 +50,7 @@ def live_z(cfg: DriftConfig, planned_windows: int, references: int = 2) -> float
     """The live comparisons' z: Bonferroni over metrics x planned windows x references (the baseline
     and the previous window; in an A/B run also each candidate against the reference), two-sided."""
     alpha = 1.0 - cfg.confidence
-    family = max(1, len(cfg.metrics)) * max(1, planned_windows) * max(1, references)
+    family = cfg.family * max(1, planned_windows) * max(1, references)
     return NormalDist().inv_cdf(1.0 - alpha / (2.0 * family))
 
 
@@ -287,7 +287,7 @@ def judge_run(windows: list[WindowSummary], pool_windows: list[int], cfg: DriftC
     ``checks``: pool checks to use instead of the run's own, per metric (``checked_series``)."""
     out = RunDrift(pool=list(pool_windows))
     alpha = 1.0 - cfg.confidence
-    m = max(1, len(cfg.metrics))
+    m = cfg.family
     for metric in cfg.metrics:
         thr = cfg.threshold_for(metric)
         series, pool, check = checked_series(windows, metric, pool_windows, cfg, checks)
@@ -366,7 +366,7 @@ def span_changes(windows: list[WindowSummary], pool_windows: list[int], cfg: Dri
     if not spans:
         return out
     alpha = 1.0 - cfg.confidence
-    m = max(1, len(cfg.metrics))
+    m = cfg.family
     for metric in cfg.metrics:
         series, pool, check = checked_series(windows, metric, pool_windows, cfg, checks)
         if not pool or len(series) < len(pool) + 2:

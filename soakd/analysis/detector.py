@@ -54,6 +54,9 @@ __all__ = [
     "ThrottleDetector",
     "ThrottleState",
     "WindowContext",
+    "lagged",
+    "own_delay",
+    "own_delay_span",
 ]
 
 Window = WindowSummary
@@ -481,7 +484,7 @@ class ClientDetector(_Quiet):
 
     def __init__(self, config: AnalysisConfig) -> None:
         self.impaired = 0
-        self.timing_lag_p99 = config.client.timing_lag_p99
+        self.cfg = config
 
     def add(self, w: Window, ctx: WindowContext) -> None:
         c = w.client
@@ -492,8 +495,7 @@ class ClientDetector(_Quiet):
                                                 f"latency): "
                                                 f"{c.impaired_reason}",
                                         evidence=c.model_dump(), window=w.window))
-        elif (c is not None and self.timing_lag_p99 is not None and c.loop_lag_p99_seconds is not None
-              and c.loop_lag_p99_seconds >= self.timing_lag_p99):
+        elif c is not None and lagged(w, self.cfg):
             ctx.findings.append(lagging_finding(w, c))
 
     def state(self) -> int:
@@ -521,6 +523,19 @@ def lagging_finding(w: Window, c: ClientSummary) -> Finding:
                    evidence=ev, window=w.window)
 
 
+def lag_of(w: Window) -> float | None:
+    """soakd's own loop lag p99 in the window (its heartbeat), or None."""
+    return w.client.loop_lag_p99_seconds if w.client is not None else None
+
+
+def lagged(w: Window, cfg: AnalysisConfig) -> bool:
+    """soakd's loop lagged beyond ``analysis.client.timing_lag_p99`` at its p99 in the window ('client lagging'):
+    its own latencies there carry its own queueing; the server's own means are what is judged
+    (``soakd.core.tracked``)."""
+    lag, bound = lag_of(w), cfg.client.timing_lag_p99
+    return bound is not None and lag is not None and lag >= bound
+
+
 def own_delay(f: Finding, closed: list[Window], pool: list[Window], cfg: AnalysisConfig) -> str | None:
     """Why a latency drift is soakd's own delay and not the server's, or None: in its windows (``closed``: the
     run's full windows) soakd's loop lagged beyond ``analysis.client.timing_lag_p99`` at its p99 ('client
@@ -544,9 +559,8 @@ def own_delay_span(metrics: list[str], first: int, last: int, closed: list[Windo
         return None
     by = {w.window: w for w in closed}
     span = [by[i] for i in range(first, max(first, last) + 1) if i in by]
-    lags = [w.client.loop_lag_p99_seconds for w in span
-            if w.client is not None and w.client.loop_lag_p99_seconds is not None]
-    if not span or not pool or not lags or max(lags) < bound:
+    lags = [lag for lag in map(lag_of, span) if lag is not None]
+    if not span or not pool or not any(lagged(w, cfg) for w in span):
         return None
     moved = []
     for family in ("ttft", "itl"):

@@ -8,6 +8,7 @@ rule, kept for the diagnosis's per-scenario comparisons (the run's drift is judg
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -21,6 +22,7 @@ from soakd.analysis.stats import (
     ratio_ci,
     tokens_rate_ci,
     wilson_ci,
+    z_value,
 )
 from soakd.config.analysis import DriftConfig
 from soakd.core.summary import CI, Quantiles, ScenarioSummary, WindowSummary
@@ -167,9 +169,17 @@ def metric_value(
             return None, None, 0
         return g.ratio, wilson_ci(g.met, g.requests, confidence), g.requests
 
-    # energy per output token: a device-level quantity, not split per scenario
+    # the server's own means and energy per output token: the window's, not split per scenario
     if scenario is not None:
         return None, None, requests
+    if spec.kind == "server_mean":
+        assert spec.field is not None
+        mean = getattr(window.server, spec.field)
+        rse = getattr(window.server, spec.field.replace("_seconds", "_rel_se"))
+        if mean is None or not mean > 0 or rse is None:
+            return None, None, requests
+        half = z_value(confidence) * rse  # symmetric on the log scale the analysis compares on
+        return mean, (mean * math.exp(-half), mean * math.exp(half)), requests
     dev = window.device
     value = dev.energy_per_output_token_joules
     if value is None:

@@ -15,7 +15,7 @@ from soakd.analysis import drift as drift_mod
 from soakd.analysis import judged as judged_mod
 from soakd.analysis import levels as levels_mod
 from soakd.analysis import page as page_mod
-from soakd.analysis.detector import RunContext, WindowContext, own_delay_span
+from soakd.analysis.detector import RunContext, WindowContext, lagged, own_delay_span
 from soakd.analysis.periodic import PeriodicDrops, periodic_drops
 from soakd.config.analysis import AnalysisConfig
 from soakd.core.findings import Finding
@@ -28,6 +28,8 @@ Window = WindowSummary
 # LATE_LAST-th (its cost grows with the series; the end of the run tests the whole run)
 LATE_WINDOWS = 4
 LATE_LAST = 20
+# the server's own means (soakd.core.tracked): judged only in the windows where soakd lagged
+SERVER_MEANS = frozenset(m for m, s in changes_mod.METRICS.items() if s.kind == "server_mean")
 
 
 def _unstable(ctx: WindowContext, w: Window, checks: dict[str, page_mod.PoolCheck], late: bool = False) -> None:
@@ -250,7 +252,10 @@ class DriftDetector:
                     # own windows from the change on (a climb's first windows may be within the threshold)
                     ref = page_mod.grown_reference(metric, ref, [x for x in post[:-page_mod.SCAN]
                                                                  if x.window > last_pool], tau2, extra, cfg)
-                out.append(self._scan_result(metric, lv, post, ref, tau2, extra))
+                r = self._scan_result(metric, lv, post, ref, tau2, extra)
+                if metric in SERVER_MEANS and not lagged(w, self.cfg):  # soakd was punctual: its own latencies judge
+                    r = replace(r, status="ok", direction=None, tier=None, windows=1, segment_ratio=None)
+                out.append(r)
             if prev is None:
                 continue
             p = next((x for x in reversed(self.series[metric]) if x.window == prev.window), None)
@@ -359,7 +364,7 @@ class DriftDetector:
         if self.run_drift is not None:
             return []
         pool = [p.window for p in self.pool]
-        rd = changes_mod.judge_run(ctx.full, pool, self.cfg.drift, self._moved())
+        rd = self._where_judged(changes_mod.judge_run(ctx.full, pool, self.cfg.drift, self._moved()), ctx.full)
         self.run_drift = rd
         out = self._span_findings(rd, ctx.full, pool)
         self.periodic = periodic_drops(ctx.full)
@@ -373,6 +378,17 @@ class DriftDetector:
                                message=t.message(), evidence={"tier": t.tier, **t.to_dict()},
                                window=t.first_window, last_window=t.last_window))
         return out
+
+    def _where_judged(self, rd: changes_mod.RunDrift, full: list[Window]) -> changes_mod.RunDrift:
+        """The run's changes and trends less those of the server's own means over windows where soakd never
+        lagged (there its own latencies are judged; the server's means are shown, not judged)."""
+        late = {w.window for w in full if lagged(w, self.cfg)}
+
+        def judged(metric: str, first: int, last: int) -> bool:
+            return metric not in SERVER_MEANS or any(first <= i <= last for i in late)
+
+        return replace(rd, changes=[c for c in rd.changes if judged(c.metric, c.window, c.end_window)],
+                       trends=[t for t in rd.trends if judged(t.metric, t.first_window, t.last_window)])
 
     def _span_findings(self, rd: changes_mod.RunDrift, full: list[Window], pool: list[int]) -> list[Finding]:
         """The end-of-run change points as findings, one per span of windows: overlapping spans of the

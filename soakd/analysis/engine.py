@@ -36,7 +36,7 @@ from soakd.analysis.detector import (
     own_delay,
     WindowContext,
 )
-from soakd.analysis.drift_watch import DriftDetector
+from soakd.analysis.drift_watch import SERVER_MEANS, DriftDetector
 from soakd.analysis import errors as errors_mod
 from soakd.analysis.errors import ErrorDetector, failures_text
 from soakd.analysis.periodic import PeriodicDrops
@@ -358,7 +358,11 @@ class Analyzer:
         own = own_delay(f, self.history.full(), self.drift_detector.pool, self.cfg) if f.kind == "drift" else None
         if own is not None:
             return f.judged(False, own)
-        return f.judged(True, failing_reason(f.kind, f.diagnosis, f.window, f.last_window, f.metrics))
+        why = failing_reason(f.kind, f.diagnosis, f.window, f.last_window, f.metrics)
+        own_means = [changes_mod.METRICS[m].label for m in f.metrics if m in SERVER_MEANS]
+        if own_means:
+            why += f": the {' and '.join(own_means)} (its histograms), judged where soakd lagged (client lagging)"
+        return f.judged(True, why)
 
     def finish(self) -> changes_mod.RunDrift:
         """The end of the run: each detector's run-level findings (the change points, segment changes,

@@ -46,7 +46,7 @@ def page_z(cfg: DriftConfig, planned_windows: int, references: int = 1) -> float
     else), Bonferroni over metrics x planned windows x the scan's segments (three overlapping ones count as
     two) x references."""
     alpha = 1.0 - cfg.confidence
-    family = max(1, len(cfg.metrics)) * max(1, planned_windows) * 2 * max(1, references)
+    family = cfg.family * max(1, planned_windows) * 2 * max(1, references)
     return NormalDist().inv_cdf(1.0 - alpha / family)
 
 

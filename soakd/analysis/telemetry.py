@@ -255,11 +255,57 @@ class _Saturation:
                             requests_waiting_max=self.waiting_max)
 
 
+MIN_INTERVALS = 4  # a server mean's standard error needs at least this many scrape intervals in the window
+
+
+class _IntervalMean:
+    """A server histogram's mean over the window's scrape intervals taken as clusters: the mean is the sum's
+    increase over the count's (``_mean_of_counters``); its standard error is the ratio estimator's, from how far
+    each interval's sum lies from its count times that mean, ``sqrt(k / (k - 1) * sum((ds_i - R dc_i)^2)) / C``
+    over ``k`` intervals with ``C`` counted in all. Intervals see load that wanders faster than a scrape
+    interval; slower wander is what the between-window noise floor is for (``soakd.analysis.page``). O(1)."""
+
+    __slots__ = ("seconds", "count", "prev", "k", "s", "c", "ss", "sc", "cc")
+
+    def __init__(self, seconds: str, count: str) -> None:
+        self.seconds, self.count = seconds, count
+        self.prev: tuple[float, float] | None = None
+        self.k = 0
+        self.s = self.c = self.ss = self.sc = self.cc = 0.0
+
+    def add(self, values: dict[str, float]) -> None:
+        s, c = values.get(self.seconds), values.get(self.count)
+        if s is None or c is None:
+            return
+        prev, self.prev = self.prev, (s, c)
+        if prev is None:
+            return
+        ds, dc = s - prev[0], c - prev[1]
+        if ds < 0 or dc < 0:  # a restart: the mean is not judged (``_mean_of_counters``)
+            return
+        self.k += 1
+        self.s += ds
+        self.c += dc
+        self.ss += ds * ds
+        self.sc += ds * dc
+        self.cc += dc * dc
+
+    def rel_se(self) -> float | None:
+        """The mean's standard error over the mean, or None (too few intervals, nothing counted)."""
+        if self.k < MIN_INTERVALS or self.c <= 0 or self.s <= 0:
+            return None
+        r = self.s / self.c
+        resid = max(0.0, self.ss - 2.0 * r * self.sc + r * r * self.cc)
+        return math.sqrt(self.k / (self.k - 1) * resid) / self.c / r
+
+
 class TelemetryStats:
     """The telemetry of one window. Bounded: a fixed set of aggregates, whatever the length."""
 
     def __init__(self, kv_saturated_ratio: float = 0.98) -> None:
         self.saturation = _Saturation(kv_saturated_ratio)
+        self.interval_means = {"ttft": _IntervalMean("server_ttft_seconds", "server_ttft_count"),
+                               "itl": _IntervalMean("server_itl_seconds", "server_itl_count")}
         self.aggs: dict[str, Agg] = {}
         self.reason_samples: dict[str, int] = {}  # gpu -> samples that reported reasons
         self.reason_active: dict[str, dict[str, int]] = {}  # gpu -> reason -> samples it was active in
@@ -289,6 +335,8 @@ class TelemetryStats:
         self._add_gpu_errors(grouped)
         values, reasons = _reduce(grouped)
         self.saturation.add(values, t)
+        for im in self.interval_means.values():
+            im.add(values)
         for key, v in values.items():
             agg = self.aggs.get(key)
             if agg is None:
@@ -359,6 +407,13 @@ class TelemetryStats:
         ds, dc = s.last - s.first, c.last - c.first
         return ds / dc if dc > 0 and ds >= 0 else None
 
+    def _rel_se(self, family: str) -> float | None:
+        """The relative standard error of the server's ``family`` mean, where the mean itself is known."""
+        im = self.interval_means[family]
+        if self._mean_of_counters(im.seconds, im.count) is None:
+            return None
+        return im.rel_se()
+
     def server(self, start: float | None = None) -> ServerSummary:
         """``start``: the window's start (monotonic), where the offset of its longest KV-saturated span counts from."""
         return ServerSummary(kv_cache_usage_ratio=self._stat(RangeStat, "kv_cache_usage_ratio"),
@@ -366,6 +421,7 @@ class TelemetryStats:
                              requests_running=self._stat(MeanMax, "requests_running"),
                              ttft_mean_seconds=self._mean_of_counters("server_ttft_seconds", "server_ttft_count"),
                              itl_mean_seconds=self._mean_of_counters("server_itl_seconds", "server_itl_count"),
+                             ttft_mean_rel_se=self._rel_se("ttft"), itl_mean_rel_se=self._rel_se("itl"),
                              prefix_cache_hit_ratio=self._mean_of_counters("server_prefix_hits",
                                                                            "server_prefix_queries"),
                              restarts_total=self.aggs["server_restarts_total"].last

@@ -145,6 +145,20 @@ class DriftConfig(_Model):
             raise ValueError(ERROR_RATE_NOT_DRIFT.replace("analysis.drift.metrics", "analysis.drift.per_metric"))
         return self
 
+    @property
+    def family(self) -> int:
+        """The metrics a run-level significance counts (Bonferroni): all but the server's own means. Those are
+        judged only in windows where soakd lagged, and there they stand in for soakd's own latencies: a drift of
+        those over such windows does not fail while the server's means stay within the threshold
+        (``soakd.analysis.detector.own_delay``), so no window is judged on more than these many."""
+        return max(1, sum(1 for m in self.metrics if METRICS[m].kind != "server_mean"))
+
+    @property
+    def soakd_metrics(self) -> list[str]:
+        """The tracked metrics soakd measures itself (all but the server's own means): what an A/B run and
+        ``soakd compare`` judge."""
+        return [m for m in self.metrics if METRICS[m].kind != "server_mean"]
+
     def threshold_for(self, metric: str) -> float:
         if metric in self.per_metric:
             return self.per_metric[metric]

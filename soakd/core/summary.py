@@ -147,6 +147,10 @@ class ServerSummary(_Sparse):
     requests_running: MeanMax | None = None
     ttft_mean_seconds: float | None = None  # the server's own, from its histogram's sum and count in the window
     itl_mean_seconds: float | None = None
+    # those means' relative standard errors: the spread of the means over the scrape intervals of the window (a
+    # ratio estimator over the intervals as clusters; None with fewer than MIN_INTERVALS intervals)
+    ttft_mean_rel_se: float | None = None
+    itl_mean_rel_se: float | None = None
     # the server's prefix-cache hit rate in the window: its hits' increase over its queries' (0-1)
     prefix_cache_hit_ratio: float | None = None
     restarts_total: float | None = None  # server restarts soakd recognised since it started (last in the window)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Kind = Literal["quantile", "requests_rate", "tokens_rate", "error_rate", "goodput", "energy"]
+Kind = Literal["quantile", "requests_rate", "tokens_rate", "error_rate", "goodput", "energy", "server_mean"]
 
 
 @dataclass(frozen=True)
@@ -47,10 +47,20 @@ METRICS: dict[str, TrackedMetric] = {
     "error_rate": TrackedMetric("error_rate", "error_rate", True, unit="ratio", label="error rate"),
     "goodput_ratio": TrackedMetric("goodput_ratio", "goodput", False, unit="ratio", label="goodput"),
     "energy_per_token": TrackedMetric("energy_per_token", "energy", True, unit="J/token", label="J/token"),
+    "server_ttft_mean": TrackedMetric("server_ttft_mean", "server_mean", True, "ttft_mean_seconds", unit="seconds",
+                                      label="server's TTFT mean"),
+    "server_itl_mean": TrackedMetric("server_itl_mean", "server_mean", True, "itl_mean_seconds", unit="seconds",
+                                     label="server's inter-token mean"),
 }
 """``goodput_ratio``: the share of a window's requests that met every SLO of their scenario
 (``scenarios.<name>.slo``). Tracked only where a scenario has an SLO: the configuration adds it
-to ``analysis.drift.metrics`` then (unless that list is given explicitly)."""
+to ``analysis.drift.metrics`` then (unless that list is given explicitly).
+
+``server_ttft_mean`` and ``server_itl_mean``: the server's own TTFT and inter-token means, from its histograms
+(vLLM, SGLang, TGI, TensorRT-LLM; ``ServerSummary``), with their standard errors over the window's scrape
+intervals. Where soakd is short of CPU its own latencies carry its queueing ("client lagging"): a change of the
+server's own means is judged only in the windows where soakd lagged (``soakd.analysis.drift_watch``); elsewhere
+they are tracked and shown, never paged on or failing."""
 
 DEFAULT_METRICS: tuple[str, ...] = (
     "e2e_p50",
@@ -66,5 +76,8 @@ DEFAULT_METRICS: tuple[str, ...] = (
     # at 95%; fewer: the window is "insufficient" for them, never judged), in the same run-level family
     "e2e_p99",
     "ttft_p99",
+    # the server's own means, judged where soakd lagged (its own latencies carry its queueing there)
+    "server_ttft_mean",
+    "server_itl_mean",
 )
 """Not ``error_rate``: errors are judged against their budgets (``soakd.analysis.errors``), not as drift."""

@@ -188,9 +188,9 @@ def compare_windows(a_windows: list[WindowSummary], b_windows: list[WindowSummar
                     also_tracked: list[str] | None = None) -> dict[str, Any]:
     """B's windows against A's (see the module docstring); the document ``format_compare`` renders."""
     cfg = config or AnalysisConfig()
-    metrics = list(cfg.drift.metrics)
+    metrics = list(cfg.drift.soakd_metrics)  # soakd's own measurements (the server's means: its runs' drift)
     for m in also_tracked or []:
-        if m not in metrics:
+        if m not in metrics and METRICS[m].kind != "server_mean":
             metrics.append(m)
     if "goodput_ratio" not in metrics and _has_goodput(a_windows) and _has_goodput(b_windows):
         metrics.append("goodput_ratio")

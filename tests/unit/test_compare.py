@@ -81,7 +81,8 @@ def test_a_difference_over_the_whole_run_is_worse_at_run_level() -> None:
 def test_every_tracked_metric_is_compared_or_says_why() -> None:
     # 80 requests a window: enough for p50 (50), too few for a p95 interval (110)
     doc = compare_windows(run(1, requests=80), run(2, requests=80))
-    assert [m["metric"] for m in doc["metrics"]] == list(DEFAULT_METRICS)
+    # soakd's own measurements: the server's own means are judged in each run (where soakd lagged), not compared
+    assert [m["metric"] for m in doc["metrics"]] == [m for m in DEFAULT_METRICS if not m.startswith("server_")]
     p50, p95 = metric_row(doc, "e2e_p50"), metric_row(doc, "e2e_p95")
     assert p50["compared"] and len(p50["windows"]) == 12
     assert not p95["compared"] and p95["reason"].startswith(
