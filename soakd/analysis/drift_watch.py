@@ -20,6 +20,7 @@ from soakd.analysis.periodic import PeriodicDrops, periodic_drops
 from soakd.config.analysis import AnalysisConfig
 from soakd.core.findings import Finding
 from soakd.core.summary import WindowSummary
+from soakd.core.tracked import SERVER_MEANS
 
 __all__ = ["DriftDetector", "DriftState"]
 
@@ -28,8 +29,6 @@ Window = WindowSummary
 # LATE_LAST-th (its cost grows with the series; the end of the run tests the whole run)
 LATE_WINDOWS = 4
 LATE_LAST = 20
-# the server's own means (soakd.core.tracked): judged only in the windows where soakd lagged
-SERVER_MEANS = frozenset(m for m, s in changes_mod.METRICS.items() if s.kind == "server_mean")
 
 
 def _unstable(ctx: WindowContext, w: Window, checks: dict[str, page_mod.PoolCheck], late: bool = False) -> None:

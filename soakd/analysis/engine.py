@@ -36,7 +36,7 @@ from soakd.analysis.detector import (
     own_delay,
     WindowContext,
 )
-from soakd.analysis.drift_watch import SERVER_MEANS, DriftDetector
+from soakd.analysis.drift_watch import DriftDetector
 from soakd.analysis import errors as errors_mod
 from soakd.analysis.errors import ErrorDetector, failures_text
 from soakd.analysis.periodic import PeriodicDrops
@@ -44,6 +44,7 @@ from soakd.config.analysis import AnalysisConfig
 from soakd.core.findings import Finding, failing_reason
 from soakd.core.summary import QuiesceProbe, WindowSummary
 from soakd.core.verdict import VERDICT_SCHEMA_VERSION, RunVerdict
+from soakd.core.tracked import SERVER_MEANS
 
 Window = WindowSummary
 EventSink = Callable[[str, str, str, dict[str, Any], int | None], None]  # kind, severity, message, data, window

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from soakd.core.durations import Duration
 from soakd.core.reasons import CLOCKS_EVENT_REASON_NAMES, PERFORMANCE_REASONS
-from soakd.core.tracked import DEFAULT_METRICS, METRICS
+from soakd.core.tracked import DEFAULT_METRICS, METRICS, SERVER_MEANS
 from soakd.core.units import GIB, Bytes
 
 __all__ = [
@@ -151,13 +151,13 @@ class DriftConfig(_Model):
         judged only in windows where soakd lagged, and there they stand in for soakd's own latencies: a drift of
         those over such windows does not fail while the server's means stay within the threshold
         (``soakd.analysis.detector.own_delay``), so no window is judged on more than these many."""
-        return max(1, sum(1 for m in self.metrics if METRICS[m].kind != "server_mean"))
+        return max(1, len(self.soakd_metrics))
 
     @property
     def soakd_metrics(self) -> list[str]:
         """The tracked metrics soakd measures itself (all but the server's own means): what an A/B run and
         ``soakd compare`` judge."""
-        return [m for m in self.metrics if METRICS[m].kind != "server_mean"]
+        return [m for m in self.metrics if m not in SERVER_MEANS]
 
     def threshold_for(self, metric: str) -> float:
         if metric in self.per_metric:

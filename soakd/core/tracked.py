@@ -62,6 +62,9 @@ intervals. Where soakd is short of CPU its own latencies carry its queueing ("cl
 server's own means is judged only in the windows where soakd lagged (``soakd.analysis.drift_watch``); elsewhere
 they are tracked and shown, never paged on or failing."""
 
+SERVER_MEANS: frozenset[str] = frozenset(m for m, s in METRICS.items() if s.kind == "server_mean")
+"""The server's own means: judged only in the windows where soakd lagged (``soakd.analysis.drift_watch``)."""
+
 DEFAULT_METRICS: tuple[str, ...] = (
     "e2e_p50",
     "e2e_p95",

@@ -34,7 +34,7 @@ from soakd.analysis.stats import QUANTILE_CI_MIN_COUNT, quantile_ci_min_count
 from soakd.config import AnalysisConfig
 from soakd.config.analysis import DriftConfig
 from soakd.core.summary import WindowSummary
-from soakd.core.tracked import METRICS
+from soakd.core.tracked import METRICS, SERVER_MEANS
 from soakd.report.format import finding_group_lines, finding_views, verdict_lines, verdict_title
 from soakd.report.model import RunReport
 
@@ -190,7 +190,7 @@ def compare_windows(a_windows: list[WindowSummary], b_windows: list[WindowSummar
     cfg = config or AnalysisConfig()
     metrics = list(cfg.drift.soakd_metrics)  # soakd's own measurements (the server's means: its runs' drift)
     for m in also_tracked or []:
-        if m not in metrics and METRICS[m].kind != "server_mean":
+        if m not in metrics and m not in SERVER_MEANS:
             metrics.append(m)
     if "goodput_ratio" not in metrics and _has_goodput(a_windows) and _has_goodput(b_windows):
         metrics.append("goodput_ratio")
