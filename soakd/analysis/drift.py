@@ -25,7 +25,7 @@ from soakd.analysis.stats import (
     z_value,
 )
 from soakd.config.analysis import DriftConfig
-from soakd.core.summary import CI, Quantiles, ScenarioSummary, WindowSummary
+from soakd.core.summary import CI, SERVER_MEAN_MIN_INTERVALS, Quantiles, ScenarioSummary, WindowSummary
 from soakd.core.tracked import METRICS
 
 __all__ = [
@@ -176,8 +176,13 @@ def metric_value(
         assert spec.field is not None
         mean = getattr(window.server, spec.field)
         rse = getattr(window.server, spec.field.replace("_seconds", "_rel_se"))
-        if mean is None or not mean > 0 or rse is None:
+        k = getattr(window.server, spec.field.replace("_seconds", "_intervals"))
+        if mean is None or not mean > 0:
             return None, None, requests
+        # shown without an interval (so never judged) where its standard error rests on too few scrape intervals;
+        # a report of before the count was kept has the standard error only where it rested on enough
+        if rse is None or (k is not None and k < SERVER_MEAN_MIN_INTERVALS):
+            return mean, None, requests
         half = z_value(confidence) * rse  # symmetric on the log scale the analysis compares on
         return mean, (mean * math.exp(-half), mean * math.exp(half)), requests
     dev = window.device

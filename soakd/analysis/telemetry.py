@@ -255,9 +255,6 @@ class _Saturation:
                             requests_waiting_max=self.waiting_max)
 
 
-MIN_INTERVALS = 4  # a server mean's standard error needs at least this many scrape intervals in the window
-
-
 class _IntervalMean:
     """A server histogram's mean over the window's scrape intervals taken as clusters: the mean is the sum's
     increase over the count's (``_mean_of_counters``); its standard error is the ratio estimator's, from how far
@@ -291,8 +288,10 @@ class _IntervalMean:
         self.cc += dc * dc
 
     def rel_se(self) -> float | None:
-        """The mean's standard error over the mean, or None (too few intervals, nothing counted)."""
-        if self.k < MIN_INTERVALS or self.c <= 0 or self.s <= 0:
+        """The mean's standard error over the mean, or None (fewer than 2 intervals, nothing counted). How many
+        intervals it rests on is the window's ``*_mean_intervals``; ``metric_value`` judges a level only from
+        ``SERVER_MEAN_MIN_INTERVALS`` of them."""
+        if self.k < 2 or self.c <= 0 or self.s <= 0:
             return None
         r = self.s / self.c
         resid = max(0.0, self.ss - 2.0 * r * self.sc + r * r * self.cc)
@@ -414,6 +413,14 @@ class TelemetryStats:
             return None
         return im.rel_se()
 
+    def _intervals(self, family: str) -> int | None:
+        """How many scrape intervals the server's ``family`` mean and its standard error rest on, where the mean
+        is known."""
+        im = self.interval_means[family]
+        if self._mean_of_counters(im.seconds, im.count) is None:
+            return None
+        return im.k
+
     def server(self, start: float | None = None) -> ServerSummary:
         """``start``: the window's start (monotonic), where the offset of its longest KV-saturated span counts from."""
         return ServerSummary(kv_cache_usage_ratio=self._stat(RangeStat, "kv_cache_usage_ratio"),
@@ -422,6 +429,7 @@ class TelemetryStats:
                              ttft_mean_seconds=self._mean_of_counters("server_ttft_seconds", "server_ttft_count"),
                              itl_mean_seconds=self._mean_of_counters("server_itl_seconds", "server_itl_count"),
                              ttft_mean_rel_se=self._rel_se("ttft"), itl_mean_rel_se=self._rel_se("itl"),
+                             ttft_mean_intervals=self._intervals("ttft"), itl_mean_intervals=self._intervals("itl"),
                              prefix_cache_hit_ratio=self._mean_of_counters("server_prefix_hits",
                                                                            "server_prefix_queries"),
                              restarts_total=self.aggs["server_restarts_total"].last

@@ -141,6 +141,9 @@ class KvSaturation(_Sparse):
     requests_waiting_max: float | None = None
 
 
+SERVER_MEAN_MIN_INTERVALS = 4  # a server mean's standard error is trusted from this many scrape intervals in the window
+
+
 class ServerSummary(_Sparse):
     kv_cache_usage_ratio: RangeStat | None = None
     requests_waiting: MeanMax | None = None
@@ -148,9 +151,12 @@ class ServerSummary(_Sparse):
     ttft_mean_seconds: float | None = None  # the server's own, from its histogram's sum and count in the window
     itl_mean_seconds: float | None = None
     # those means' relative standard errors: the spread of the means over the scrape intervals of the window (a
-    # ratio estimator over the intervals as clusters; None with fewer than MIN_INTERVALS intervals)
+    # ratio estimator over the intervals as clusters; None with fewer than 2), and how many intervals they rest on
+    # (a level is judged from SERVER_MEAN_MIN_INTERVALS of them)
     ttft_mean_rel_se: float | None = None
     itl_mean_rel_se: float | None = None
+    ttft_mean_intervals: int | None = None
+    itl_mean_intervals: int | None = None
     # the server's prefix-cache hit rate in the window: its hits' increase over its queries' (0-1)
     prefix_cache_hit_ratio: float | None = None
     restarts_total: float | None = None  # server restarts soakd recognised since it started (last in the window)

@@ -142,6 +142,12 @@ is one-sided at the run-level confidence, so its z is smaller and every ``detect
 of windows 5 and 6 and in the verdict's ``failing``: +18.5%..+276.4% -> +21.4%..+267.5% and -40.2%..+107.4% ->
 -38.7%..+102.2%) narrowed. No flag, finding, reason or verdict moved.
 
+Extended for issue 21 (a flaky live shape), ``live-shape.json`` only: the server's means' standard errors
+(``server.ttft_mean_rel_se``, ``itl_mean_rel_se``) existed only in windows of 4 or more scrape intervals, and the
+demo's 2-s windows at a 0.5-s sample interval hold 3 or 4, so the keys (and those means' ``soakd_window_value``
+labels) came and went with timing. The standard error is now kept from 2 intervals with its count
+(``*_mean_intervals``; a level still needs 4), and the mean is the window's value with or without its interval.
+
 1. ``report-*.{json,md}``: ``soakd report`` of the two runs in ``tests/fixtures/state-v2`` (a
    state dir that release wrote: a finished run with throttling, a power cap and a latency step,
    and a resumable run stopped by SIGTERM), exact modulo the generation time.

@@ -14,8 +14,10 @@ import pytest
 from helpers.windows import make_window
 from soakd.analysis.drift import metric_value
 from soakd.analysis.engine import Analyzer
+from soakd.analysis.levels import level
 from soakd.analysis.telemetry import TelemetryStats
 from soakd.config import AnalysisConfig
+from soakd.config.analysis import DriftConfig
 from soakd.core.series import Series
 from soakd.core.summary import ClientSummary
 
@@ -42,16 +44,39 @@ def test_the_server_mean_has_the_ratio_estimators_standard_error_over_the_scrape
     k = len(intervals)
     se = math.sqrt(k / (k - 1) * sum((s - r * c) ** 2 for s, c in intervals)) / total_c
     assert server.ttft_mean_rel_se == pytest.approx(se / r)
-    assert server.itl_mean_rel_se is None  # no ITL histogram scraped
+    assert server.ttft_mean_intervals == k
+    assert server.itl_mean_rel_se is None and server.itl_mean_intervals is None  # no ITL histogram scraped
 
 
-def test_no_standard_error_from_too_few_intervals_nor_across_a_restart() -> None:
+def test_no_standard_error_from_one_interval_nor_across_a_restart() -> None:
     stats = TelemetryStats()
-    _scrapes(stats, [(2.0, 100.0)] * 3)  # three intervals: too few for a spread
-    assert stats.server().ttft_mean_seconds is not None and stats.server().ttft_mean_rel_se is None
+    _scrapes(stats, [(2.0, 100.0)])  # one interval: a mean, no spread
+    server = stats.server()
+    assert server.ttft_mean_seconds == pytest.approx(0.02) and server.ttft_mean_rel_se is None
+    assert server.ttft_mean_intervals == 1
+    stats = TelemetryStats()
+    _scrapes(stats, [(2.0, 100.0), (2.2, 100.0), (1.9, 100.0)])  # three: a standard error, kept with its count
+    server = stats.server()
+    assert server.ttft_mean_rel_se is not None and server.ttft_mean_rel_se > 0 and server.ttft_mean_intervals == 3
     stats = TelemetryStats()
     _scrapes(stats, [(2.0, 100.0), (2.0, 100.0), (-50.0, -900.0), (2.0, 100.0), (2.0, 100.0), (2.0, 100.0)])
-    assert stats.server().ttft_mean_seconds is None and stats.server().ttft_mean_rel_se is None
+    server = stats.server()
+    assert server.ttft_mean_seconds is None and server.ttft_mean_rel_se is None and server.ttft_mean_intervals is None
+
+
+def test_a_level_needs_a_standard_error_over_four_intervals_and_the_mean_shows_without_one() -> None:
+    """Fewer than SERVER_MEAN_MIN_INTERVALS scrape intervals: the mean is the window's value (soakd_window_value,
+    the report's series) with no interval, so no level, never judged; a report written before the count was kept
+    (a standard error, no count) is judged as it was."""
+    base = {"ttft_mean_seconds": 0.02, "itl_mean_seconds": 0.004, "itl_mean_rel_se": None}
+    for extra, judged in (({"ttft_mean_rel_se": 0.01, "ttft_mean_intervals": 3}, False),
+                          ({"ttft_mean_rel_se": 0.01, "ttft_mean_intervals": 4}, True),
+                          ({"ttft_mean_rel_se": 0.01}, True),
+                          ({"ttft_mean_intervals": 6}, False)):
+        w = make_window(0, random.Random(1), 500, server={**base, **extra})
+        v, ci, _n = metric_value(w, "server_ttft_mean")
+        assert v == 0.02 and (ci is not None) == judged, extra
+        assert (level(w, "server_ttft_mean", DriftConfig()) is not None) == judged, extra
 
 
 def test_the_metrics_interval_is_symmetric_on_the_log_scale_and_the_windows_own() -> None:
@@ -61,7 +86,7 @@ def test_the_metrics_interval_is_symmetric_on_the_log_scale_and_the_windows_own(
     assert v == 0.02 and n == w.requests
     assert ci is not None and ci[0] * ci[1] == pytest.approx(v * v)
     assert math.log(ci[1] / v) == pytest.approx(1.959964 * 0.01, rel=1e-5)
-    assert metric_value(w, "server_itl_mean")[:2] == (None, None)  # no standard error: no level, not judged
+    assert metric_value(w, "server_itl_mean")[:2] == (0.004, None)  # no standard error: shown, no level
     assert metric_value(w, "server_ttft_mean", scenario="short_chat")[:2] == (None, None)
 
 
