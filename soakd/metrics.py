@@ -362,13 +362,16 @@ CATALOGUE: tuple[MetricSpec, ...] = (
                "The server's prefix-cache queries since it started (tokens; blocks for TensorRT-LLM; hits + misses "
                "where the server counts misses).", group="server"),
     MetricSpec("soakd_server_ttft_seconds_total", "counter",
-               "The server's own TTFT histogram: sum of seconds (vLLM, SGLang; summed over engines).", group="server"),
+               "The server's own TTFT histogram: sum of seconds (vLLM, SGLang, trtllm-serve; summed over engines).",
+               group="server"),
     MetricSpec("soakd_server_ttft_requests_total", "counter",
                "The server's own TTFT histogram: count of requests.", group="server"),
     MetricSpec("soakd_server_itl_seconds_total", "counter",
-               "The server's own inter-token latency histogram: sum of seconds.", group="server"),
+               "The server's own inter-token latency histogram: sum of seconds (vLLM, SGLang); llama.cpp's "
+               "generation seconds (each slot's first token to its last, added when it ends).", group="server"),
     MetricSpec("soakd_server_itl_tokens_total", "counter",
-               "The server's own inter-token latency histogram: count of gaps.", group="server"),
+               "The server's own inter-token latency histogram: count of gaps (vLLM, SGLang); llama.cpp's "
+               "generated tokens.", group="server"),
     MetricSpec("soakd_server_process_resident_memory_bytes", "gauge",
                "The server's own process_resident_memory_bytes (Python servers: vLLM, SGLang), the target's host "
                "memory when its processes are not visible to soakd.", group="server"),

@@ -57,7 +57,8 @@ METRICS: dict[str, TrackedMetric] = {
 to ``analysis.drift.metrics`` then (unless that list is given explicitly).
 
 ``server_ttft_mean`` and ``server_itl_mean``: the server's own TTFT and inter-token means, from its histograms
-(those soakd reads: vLLM's and SGLang's; ``ServerSummary``), with their standard errors over the window's scrape
+(those soakd reads: vLLM's and SGLang's, trtllm-serve's TTFT, llama.cpp's generation-time counters;
+``soakd.samplers.server``, ``ServerSummary``), with their standard errors over the window's scrape
 intervals. Where soakd is short of CPU its own latencies carry its queueing ("client lagging"): a change of the
 server's own means is judged only in the windows where soakd lagged (``soakd.analysis.drift_watch``); elsewhere
 they are tracked and shown, never paged on or failing."""

@@ -40,9 +40,15 @@ Normalised series (catalogue group "server"):
   server up for days hardly moves when its cache starts to evict).
 - ``soakd_server_ttft_seconds_total`` / ``soakd_server_ttft_requests_total`` and
   ``soakd_server_itl_seconds_total`` / ``soakd_server_itl_tokens_total``: the sum and count of the
-  server's own TTFT and inter-token histograms (vLLM, SGLang), summed over engines. Per window their
+  server's own TTFT and inter-token histograms (vLLM, SGLang; TTFT only for trtllm-serve), summed over
+  engines; for llama.cpp the inter-token pair is its generation-time and generated-token counters
+  (``tokens_predicted_seconds_total``, ``tokens_predicted_total``: each slot's time from its first token to
+  its last, added when the slot ends, so the mean is the gaps' mean times (n-1)/n). Per window their
   differences give the server's mean TTFT and ITL, which the window summary sets beside soakd's
-  (``soakd_window_server_latency_difference_seconds``: what the network and the client add).
+  (``soakd_window_server_latency_difference_seconds``: what the network and the client add). Not read:
+  TGI's ``tgi_request_mean_time_per_token_duration`` and trtllm-serve's ``time_per_output_token_seconds``
+  hold each request's mean time per token (TGI's with the prefill in it), not the gaps', and TGI has no
+  TTFT histogram.
 - ``soakd_server_info{kind,version}``: the detected table's kind, and the server's version where it says one
   (``soakd.samplers.version``: asked in the background once scrapes answer, again after a restart; empty
   until it answers or where it says none).
@@ -119,6 +125,8 @@ class ServerTable:
     prefix_ratio: tuple[Ref, ...] = ()  # cumulative 0-1 gauges (negative = disabled)
     ttft: tuple[Ref, ...] = ()  # the server's own TTFT histogram (base name: _sum and _count are read)
     itl: tuple[Ref, ...] = ()  # the server's own inter-token latency histogram
+    # else (seconds, tokens) counters whose increases' ratio is the server's own mean time per generated token
+    itl_counters: tuple[tuple[Ref, Ref], ...] = ()
     generation: tuple[Ref, ...] = ()  # counters: generated tokens
     tokens_per_step: bool = False  # the generation counter moves every engine step (else when a request ends)
     replica_labels: tuple[str, ...] = ()
@@ -203,6 +211,8 @@ TRTLLM = ServerTable(
     ),
     prefix_ratio=_r("trtllm_kv_cache_hit_rate"),
     generation=_r("trtllm_generation_tokens_total"),  # one of MetricsCollector's per-request metrics
+    # per request, as vLLM's; its time_per_output_token_seconds is each request's mean, not the gaps': not read
+    ttft=_r("trtllm_time_to_first_token_seconds"),
     replica_labels=("pid",),
 )
 
@@ -232,6 +242,8 @@ LLAMACPP = ServerTable(
     running=_r("llamacpp:requests_processing"),
     waiting=_r("llamacpp:requests_deferred"),
     generation=_r("llamacpp:tokens_predicted_total"),  # server_metrics::on_prediction, at the slot's end
+    # and the slots' generation time beside it (t_token_generation: first token to last), at the slot's end
+    itl_counters=((Ref("llamacpp:tokens_predicted_seconds_total"), Ref("llamacpp:tokens_predicted_total")),),
     prefix=(
         PrefixSource(Ref("llamacpp:prompt_tokens_cached_total"), misses=Ref("llamacpp:prompt_tokens_total")),
     ),
@@ -373,9 +385,10 @@ def normalise(table: ServerTable, expo: Exposition, version: str = "") -> tuple[
     if counters is not None:
         out.append(series("soakd_server_prefix_cache_hits_total", counters[0]))
         out.append(series("soakd_server_prefix_cache_queries_total", counters[1]))
-    for what, refs, unit in (("ttft", table.ttft, "requests"), ("itl", table.itl, "tokens")):
-        for r in refs:
-            seconds, count = _counter(expo, Ref(r.name + "_sum"), rep), _counter(expo, Ref(r.name + "_count"), rep)
+    for what, refs, pairs, unit in (("ttft", table.ttft, (), "requests"),
+                                    ("itl", table.itl, table.itl_counters, "tokens")):
+        for sec_ref, count_ref in (*((Ref(r.name + "_sum"), Ref(r.name + "_count")) for r in refs), *pairs):
+            seconds, count = _counter(expo, sec_ref, rep), _counter(expo, count_ref, rep)
             if seconds is not None and count is not None:
                 out.append(series(f"soakd_server_{what}_seconds_total", seconds))
                 out.append(series(f"soakd_server_{what}_{unit}_total", count))

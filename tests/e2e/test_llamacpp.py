@@ -264,6 +264,14 @@ async def test_soak_all_scenarios_with_outage_and_recovery(tmp_path: Path) -> No
     itl = base["itl_seconds"]
     assert 0 <= itl["p50"] <= itl["p95"] and itl["p95"] > 1e-5, itl
     assert itl["count"] >= 8 * base["e2e_seconds"]["count"], (itl, base["e2e_seconds"])
+    # llama-server's own inter-token mean (its generation-time and generated-token counters, added as each slot
+    # ends) beside soakd's: the same quantity within a small factor (seconds, not ms: a unit slip is 1000x). The
+    # outage's window is left out (across a restart the mean is None, or the part before or after it).
+    means = [(w["window"], w["server"].get("itl_mean_seconds"), w["itl_seconds"].get("mean"))
+             for w in windows if w["window"] != 2]
+    print("ITL means (window, llama-server's, soakd's):", means)
+    assert sum(1 for _, theirs, _ in means if theirs is not None) >= 3, means
+    assert all(0.25 < theirs / ours < 4.0 for _, theirs, ours in means if theirs and ours), means
     # ignore_eos is honoured and usage comes from the server: every response is max_tokens long
     # (at least 16, batch_burst's minimum)
     assert base["completion_tokens"] >= 16 * base["requests"], base

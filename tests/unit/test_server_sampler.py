@@ -114,7 +114,8 @@ def expected(kind: str, **values: float) -> dict[tuple[str, tuple[tuple[str, str
     names = {"kv": "soakd_server_kv_cache_usage_ratio", "running": "soakd_server_requests_running",
              "waiting": "soakd_server_requests_waiting", "preemptions": "soakd_server_preemptions_total",
              "prefix": "soakd_server_prefix_cache_hit_ratio", "ttft_s": "soakd_server_ttft_seconds_total",
-             "ttft_n": "soakd_server_ttft_requests_total", "rss": "soakd_server_process_resident_memory_bytes",
+             "ttft_n": "soakd_server_ttft_requests_total", "itl_s": "soakd_server_itl_seconds_total",
+             "itl_n": "soakd_server_itl_tokens_total", "rss": "soakd_server_process_resident_memory_bytes",
              "start": "soakd_server_process_start_time_seconds", "restarts": "soakd_server_restarts_total",
              "gen": "soakd_server_generation_tokens_total", "hits": "soakd_server_prefix_cache_hits_total",
              "queries": "soakd_server_prefix_cache_queries_total"}  # fmt: skip
@@ -150,7 +151,8 @@ GOLDEN = [
     ("sglang", "sglang", expected("sglang", kv=0.4, running=10, waiting=3, preemptions=5, prefix=0.3,
                                   hits=15000, queries=50000, ttft_s=1.71, ttft_n=5, gen=21873)),
     ("tgi", "tgi", expected("tgi", kv=30000 / 120000, running=12, waiting=4)),
-    ("llamacpp", "llamacpp", expected("llamacpp", running=2, waiting=1, prefix=766 / 2000, hits=766, queries=2000, gen=8801)),
+    ("llamacpp", "llamacpp", expected("llamacpp", running=2, waiting=1, prefix=766 / 2000, hits=766, queries=2000, gen=8801,
+                                          itl_s=97.4121, itl_n=8801)),  # its generation time and tokens
 ]
 
 
@@ -186,7 +188,7 @@ async def test_golden_trtllm_serve_found_at_prometheus_metrics() -> None:
     assert sampler.table is not None and sampler.table.name == "trtllm"
     assert sampler.url == server.origin + "/prometheus/metrics"
     assert_series(got, expected("trtllm", kv=0.3125, running=7, waiting=2, prefix=0.3, hits=300, queries=1000,
-                                  gen=41000))
+                                  gen=41000, ttft_s=0.4, ttft_n=5))  # its TTFT histogram; per-request TPOT not read
 
 
 async def test_golden_triton_trtllm_with_explicit_url() -> None:
