@@ -229,8 +229,8 @@ class LeakConfig(_Model):
     min_span: Duration = Field(
         4 * 3600.0,
         ge=0,
-        description="The judged (sustained) part of a memory series must span this long: a climb shorter than a "
-        "cycle of the server's own memory behaviour (a sawtooth's rise) is not yet a leak.",
+        description="The judged (sustained) part of a memory series, and a KV usage trend, must span this long: a "
+        "climb shorter than a cycle of the server's own memory behaviour (a sawtooth's rise) is not yet a leak.",
     )
     sustained_from: float = Field(
         1 / 3,

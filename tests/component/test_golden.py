@@ -148,6 +148,10 @@ demo's 2-s windows at a 0.5-s sample interval hold 3 or 4, so the keys (and thos
 labels) came and went with timing. The standard error is now kept from 2 intervals with its count
 (``*_mean_intervals``; a level still needs 4), and the mean is the window's value with or without its interval.
 
+Regenerated for issue 21 (a KV trend needs ``min_span``), ``analysis.json`` only: the stored run's KV usage
+trend (8 windows, under 4 hours) is ``insufficient`` instead of ``ok`` (its ``projected`` null) in the verdict and
+after windows 5-7. Nothing else moved.
+
 1. ``report-*.{json,md}``: ``soakd report`` of the two runs in ``tests/fixtures/state-v2`` (a
    state dir that release wrote: a finished run with throttling, a power cap and a latency step,
    and a resumable run stopped by SIGTERM), exact modulo the generation time.

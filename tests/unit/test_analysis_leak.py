@@ -189,6 +189,23 @@ def test_kv_leak_under_changing_load_is_still_a_leak() -> None:
     assert r.suspected and r.growth_per_hour == pytest.approx(0.02, rel=0.35)
 
 
+def test_a_kv_rise_shorter_than_min_span_is_no_trend() -> None:
+    """Nine 20-s windows against a real vLLM (the e2e outage test): KV usage under load 0 in the first, about
+    1% after, read as "+24 pts/h", +577 pts in 24 h, a critical FAIL of a healthy server. The trend is not
+    projected over the horizon until its windows span ``min_span`` (4 h), as a memory series' judged part."""
+    rng = random.Random(23)
+    usage = [0.0] + [0.006 + 0.001 * i + rng.gauss(0, 0.001) for i in range(1, 9)]
+    running = [1.0 + rng.gauss(0, 0.05) for _ in usage]
+    short = [w.model_copy(update={"start_unix": 1_700_000_000.0 + 20.0 * w.window, "duration_seconds": 20.0})
+             for w in _kv_windows(usage, running)]
+    assert evaluate_memory(short, "kv_cache").status == "insufficient"
+    r = evaluate_memory(short, "kv_cache", LeakConfig(min_span=0.0))  # what it was judged as before
+    assert r.status == "suspected" and r.fails
+    # the same rise over 30-min windows (4.5 h): within the budget, judged, no leak
+    r = evaluate_memory(_kv_windows(usage, running), "kv_cache")
+    assert r.status == "ok" and not r.suspected
+
+
 def test_kv_residue_growing_from_probe_to_probe() -> None:
     rng = random.Random(10)
     probes = [(3600.0 * i, 0.02 + 0.012 * i + rng.gauss(0, 0.002)) for i in range(8)]
