@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 from soakd.core.reasons import CLOCKS_EVENT_REASON_NAMES
 from soakd.core.series import Series
@@ -406,30 +407,22 @@ class TelemetryStats:
         ds, dc = s.last - s.first, c.last - c.first
         return ds / dc if dc > 0 and ds >= 0 else None
 
-    def _rel_se(self, family: str) -> float | None:
-        """The relative standard error of the server's ``family`` mean, where the mean itself is known."""
-        im = self.interval_means[family]
-        if self._mean_of_counters(im.seconds, im.count) is None:
-            return None
-        return im.rel_se()
-
-    def _intervals(self, family: str) -> int | None:
-        """How many scrape intervals the server's ``family`` mean and its standard error rest on, where the mean
-        is known."""
-        im = self.interval_means[family]
-        if self._mean_of_counters(im.seconds, im.count) is None:
-            return None
-        return im.k
+    def _server_means(self) -> dict[str, Any]:
+        """The server's own TTFT and ITL means (``_mean_of_counters``), and where a mean is known its relative
+        standard error and how many scrape intervals that rests on: ``ServerSummary``'s ``{family}_mean_*``."""
+        out: dict[str, Any] = {}
+        for family, im in self.interval_means.items():
+            mean = out[f"{family}_mean_seconds"] = self._mean_of_counters(im.seconds, im.count)
+            if mean is not None:
+                out[f"{family}_mean_rel_se"], out[f"{family}_mean_intervals"] = im.rel_se(), im.k
+        return out
 
     def server(self, start: float | None = None) -> ServerSummary:
         """``start``: the window's start (monotonic), where the offset of its longest KV-saturated span counts from."""
         return ServerSummary(kv_cache_usage_ratio=self._stat(RangeStat, "kv_cache_usage_ratio"),
                              requests_waiting=self._stat(MeanMax, "requests_waiting"),
                              requests_running=self._stat(MeanMax, "requests_running"),
-                             ttft_mean_seconds=self._mean_of_counters("server_ttft_seconds", "server_ttft_count"),
-                             itl_mean_seconds=self._mean_of_counters("server_itl_seconds", "server_itl_count"),
-                             ttft_mean_rel_se=self._rel_se("ttft"), itl_mean_rel_se=self._rel_se("itl"),
-                             ttft_mean_intervals=self._intervals("ttft"), itl_mean_intervals=self._intervals("itl"),
+                             **self._server_means(),
                              prefix_cache_hit_ratio=self._mean_of_counters("server_prefix_hits",
                                                                            "server_prefix_queries"),
                              restarts_total=self.aggs["server_restarts_total"].last
