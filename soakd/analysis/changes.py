@@ -271,8 +271,7 @@ def checked_series(windows: list[WindowSummary], metric: str, pool_windows: list
     check = (checks or {}).get(metric)
     if check is None:
         # the pool's own test with everything the run knows: the sub-windows' slow wander, the noise floor
-        fam = page_mod.family_of(metric)
-        extra = page_mod.long_run_extra([w for w in windows if w.window in pool_set], fam) if fam else 0.0
+        extra = page_mod.extra_of(metric, [w for w in windows if w.window in pool_set])
         _, tau2, _ = change_points(series)
         check = page_mod.check_pool(metric, pool, cfg, extra + tau2)
     if check is not None and check.dropped:

@@ -146,9 +146,9 @@ class DriftDetector:
 
     # ---- a window
     def _extra(self, metric: str, windows: list[Window] | None = None) -> float:
-        """The slower wander the sub-windows show (``page.long_run_extra``), for a latency quantile."""
-        fam = page_mod.family_of(metric)
-        return page_mod.long_run_extra(windows if windows is not None else self.judged, fam) if fam else 0.0
+        """The variance beyond a window's interval that the sub-windows show (``page.extra_of``): a latency quantile's
+        slower wander, a throughput's waves."""
+        return page_mod.extra_of(metric, windows if windows is not None else self.judged)
 
     def _check_pool(self) -> None:
         """Test the pool before trusting it (``page.check_pool``), per metric."""

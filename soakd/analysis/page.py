@@ -24,10 +24,12 @@ __all__ = [
     "PoolCheck",
     "check_pool",
     "detectable",
+    "extra_of",
     "grown_reference",
     "long_run_extra",
     "noise_floor",
     "page_z",
+    "rate_extra",
     "scan",
     "with_extra",
 ]
@@ -88,6 +90,52 @@ def long_run_extra(windows: list[WindowSummary], family: str) -> float:
         return 0.0
     m_avg = sum(ms) / len(ms)
     return max(0.0, (b * ss_b / df_b - ss1 / df1) / m_avg)
+
+
+def rate_extra(windows: list[WindowSummary]) -> float:
+    """The variance of a window's log-throughput level beyond the Poisson count its interval assumes: from the
+    windows' per-minute counts of successful requests, ``(D - 1) / N`` with ``D`` the pooled dispersion of
+    ``b``-sub-window batch counts (their variance over their mean, ``b`` about a sixth of the window: the clustering
+    a minute's count shows and the correlation between minutes) and ``N`` a window's mean count. A closed loop whose
+    speed follows the batch completes requests in waves (seen: a window's level varying 2.5 times as much as its
+    Poisson interval says, and pages from windows of healthy throughput); an open loop's Poisson arrivals give
+    ``D`` near 1 and nothing extra. Token throughput takes the same: its interval is the requests' compound
+    Poisson one, and the waves are of requests."""
+    ss = 0.0
+    df = 0
+    inv_n: list[float] = []
+    for w in windows:
+        sub = w.subwindows
+        if sub is None:
+            continue
+        c = sub.ok
+        m = len(c)
+        total = sum(c)
+        if m < 10 or total <= 0:
+            continue
+        b = max(2, round(m / 6))
+        k = m // b
+        batches = [sum(c[i * b:(i + 1) * b]) for i in range(k)]
+        mean = sum(batches) / k
+        if mean <= 0:
+            continue
+        ss += sum((x - mean) ** 2 for x in batches) / mean  # (k - 1) x the batch counts' dispersion
+        df += k - 1
+        inv_n.append(1.0 / total)
+    if df <= 0:
+        return 0.0
+    return max(0.0, ss / df - 1.0) * sum(inv_n) / len(inv_n)
+
+
+def extra_of(metric: str, windows: list[WindowSummary]) -> float:
+    """The variance beyond a window's own interval that the sub-windows show for ``metric``: a latency quantile's
+    slower wander (``long_run_extra``), a throughput's waves (``rate_extra``); none for the others."""
+    fam = family_of(metric)
+    if fam is not None:
+        return long_run_extra(windows, fam)
+    if METRICS[metric].kind in ("requests_rate", "tokens_rate"):
+        return rate_extra(windows)
+    return 0.0
 
 
 def with_extra(series: list[Level], extra: float) -> list[Level]:

@@ -276,11 +276,15 @@ async def test_latency_step_is_flagged_live_and_located_at_the_end(tmp_path: Pat
     assert detected and all(value(by_window[first], "soakd_drift_events_total", metric=m) == 1 for m in detected)
     assert value(samples(d), "soakd_verdict_pass") == 0
 
-    # the end of the run: the change point, its size and tier
+    # the end of the run: the change point, its size and tier. Each metric's first change is the step's (at k or
+    # k + 1); a later one may follow: the simulator shares the machine, and on a loaded one it really slows again
+    # (seen under load: ttft_p50 +46.6% from window 4, then +51.8% from window 6, soakd itself never stalled)
     changes = [c for c in final["verdict"]["drift"]["changes"] if c["metric"] in ("e2e_p50", "ttft_p50")]
-    assert changes and all(c["window"] in (k, k + 1) and c["tier"] == "confident" and c["direction"] == "degraded"
-                           and STEP_SEEN[0] < c["ratio"] < STEP_SEEN[1] for c in changes), (
-        [(c["metric"], c["window"], c["tier"], round(c["ratio"], 3)) for c in changes], stalls)
+    seen = [(c["metric"], c["window"], c["tier"], round(c["ratio"], 3)) for c in changes]
+    assert changes and all(c["window"] >= k and c["tier"] == "confident" and c["direction"] == "degraded"
+                           and STEP_SEEN[0] < c["ratio"] < STEP_SEEN[1] for c in changes), (seen, stalls)
+    assert all(min(c["window"] for c in changes if c["metric"] == m) in (k, k + 1)
+               for m in {c["metric"] for c in changes}), (seen, stalls)
     print(f"\nstep: first flagged window {first} of step window {k}; requests/window "
           f"{[w['requests'] for w in windows]}; " + "; ".join(
               f"{r['metric']}/{r['reference']} {r['ratio']:+.3f} (CI {r['ratio_ci'][0]:+.3f}..{r['ratio_ci'][1]:+.3f})"

@@ -33,6 +33,14 @@ def test_a_healthy_server_passes(vq: ModuleType, name: str) -> None:
     assert not r.live_flag and not r.confident and r.leak_window is None
 
 
+@pytest.mark.parametrize("seed", [76, 133])
+def test_a_closed_loop_s_throughput_waves_do_not_page(vq: ModuleType, seed: int) -> None:
+    """Two healthy closed-batch runs whose tokens/s paged live, and so failed, before a throughput's level took the
+    waves its per-minute counts show (``page.rate_extra``): windows 9-11 and 8-10 fell 10-14% together."""
+    r = run(vq, "closed-batch", seed)
+    assert not r.failed and not r.live_flag and r.page_window is None, r.reasons
+
+
 @pytest.mark.parametrize("name", ["step-10", "step-8", "step-8-p95"])
 def test_a_step_fails_the_run_naming_its_window(vq: ModuleType, name: str) -> None:
     r = run(vq, name)
