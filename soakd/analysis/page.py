@@ -57,6 +57,13 @@ def family_of(metric: str) -> str | None:
     return _FAMILY.get(spec.field or "") if spec.kind == "quantile" else None
 
 
+def _batch_sums(x: list[float]) -> tuple[int, list[float]]:
+    """A window's sub-window series cut into batches of ``b`` consecutive sub-windows, ``b`` about a sixth of the
+    window (at least 2; a last, shorter batch left out): ``(b, the batches' sums)``."""
+    b = max(2, round(len(x) / 6))
+    return b, [sum(x[i * b:(i + 1) * b]) for i in range(len(x) // b)]
+
+
 def long_run_extra(windows: list[WindowSummary], family: str) -> float:
     """The variance of a window's log-latency level beyond what its one-minute batch means show (they
     see load that wanders faster than a minute; slower wander moves whole batches together): from the
@@ -75,13 +82,13 @@ def long_run_extra(windows: list[WindowSummary], family: str) -> float:
         m = len(x)
         if m < 10 or any(v is None for v in x):
             continue
-        b = max(2, round(m / 6))
-        k = m // b
         xs = [v for v in x if v is not None]
         mean = sum(xs) / m
         ss1 += sum((v - mean) ** 2 for v in xs)
         df1 += m - 1
-        bm = [sum(xs[i * b:(i + 1) * b]) / b for i in range(k)]
+        b, sums = _batch_sums(xs)
+        k = len(sums)
+        bm = [v / b for v in sums]
         bmean = sum(bm) / k
         ss_b += sum((v - bmean) ** 2 for v in bm)
         df_b += k - 1
@@ -113,9 +120,8 @@ def rate_extra(windows: list[WindowSummary]) -> float:
         total = sum(c)
         if m < 10 or total <= 0:
             continue
-        b = max(2, round(m / 6))
-        k = m // b
-        batches = [sum(c[i * b:(i + 1) * b]) for i in range(k)]
+        _, batches = _batch_sums([float(v) for v in c])
+        k = len(batches)
         mean = sum(batches) / k
         if mean <= 0:
             continue
