@@ -54,6 +54,7 @@ import json
 import math
 import os
 import random
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -62,7 +63,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 from soakd.analysis.ab import AbJudge  # noqa: E402
 from soakd.analysis.engine import Analyzer  # noqa: E402
@@ -876,11 +878,25 @@ MEASURE = {
 }
 
 
+def source_commit() -> str | None:
+    """The short commit of the soakd this benchmark runs (``-dirty`` with uncommitted changes), or None."""
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("-dirty" if dirty else "") if head else None
+
+
 def markdown(data: dict[str, Any]) -> str:
-    """The measured table: one row per cell."""
+    """The measured table: one row per cell (with the commit that measured it where the file says)."""
     by_name = {c.name: c for c in CELLS}
-    lines = [f"| scenario | target | measured ({data['runs']} runs) | final FAIL | any live flag | periodic drops found |",
-             "|---|---|---|---|---|---|"]
+    commits = any(r.get("commit") for r in data["rows"])
+    lines = [f"| scenario | target | measured ({data['runs']} runs) | final FAIL | any live flag | drift page | "
+             f"periodic drops found |{' commit |' if commits else ''}",
+             f"|---|---|---|---|---|---|---|{'---|' if commits else ''}"]
     for r in data["rows"]:
         cell = by_name.get(r["cell"])
         what = MEASURE.get(cell.expect, "") if cell else ""
@@ -888,7 +904,8 @@ def markdown(data: dict[str, Any]) -> str:
             what = f"leak finding; median rate {r.get('leak_rate_median') or 0:.0f} MB/h"
         mark = "" if r["ok"] else " (missed)"
         lines.append(f"| {r['what']} | {r['target']} | {what}: {r['value']:.1%}{mark} | {r['fail']:.1%} | "
-                     f"{r['live']:.1%} | {r.get('periodic', 0.0):.1%} |")
+                     f"{r['live']:.1%} | {r.get('page', 0.0):.1%} | {r.get('periodic', 0.0):.1%} |"
+                     + (f" {r.get('commit') or '-'} |" if commits else ""))
     return "\n".join(lines)
 
 
@@ -931,6 +948,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"{len(missing)} of the runs asked for were not recorded in {a.replay} (first: {missing[0]}); "
                     f"record them with --record {a.replay} and the same --cells, --runs and --seed")
     t0 = time.monotonic()
+    commit = source_commit()
     done: dict[str, dict[str, Any]] = {}
     if a.resume and a.json and a.json.exists():
         done = {r["cell"]: r for r in json.loads(a.json.read_text())["rows"] if r["runs"] >= runs}
@@ -938,7 +956,10 @@ def main(argv: list[str] | None = None) -> int:
     pool = ProcessPoolExecutor(a.workers) if a.workers > 1 else None
     try:
         for cell in cells:
-            row = done.get(cell.name) or measure(cell, runs, a.seed, pool, a.probe_jitter, a.record, a.replay)
+            row = done.get(cell.name)
+            if row is None:
+                row = measure(cell, runs, a.seed, pool, a.probe_jitter, a.record, a.replay)
+                row["commit"] = commit  # what measured it: a resumed table can span commits
             rows.append(row)
             if a.json:  # after every cell: a long measurement that is stopped keeps what it finished
                 a.json.write_text(json.dumps({"runs": runs, "rows": rows}, indent=2))

@@ -199,6 +199,16 @@ def test_recorded_runs_replay_to_the_same_measurement(vq: ModuleType, tmp_path, 
     assert sorted(p.name for p in rec.iterdir()) == [f"{c}-{s}.json.gz" for c in ("ab-8", "page-10-ar") for s in (7, 8)]
     vq.main([*args, "--replay", str(rec), "--json", str(again)])
     assert json.loads(again.read_text()) == json.loads(first.read_text())
+    # each row says what measured it (a resumed table can span commits), and the table prints it with the pages
+    data = json.loads(first.read_text())
+    commit = vq.source_commit()
+    assert [r.get("commit") for r in data["rows"]] == [commit, commit]
+    header, _, *lines = vq.markdown(data).splitlines()
+    assert "| any live flag | drift page |" in header and len(lines) == 2
+    paged = next(r for r in data["rows"] if r["cell"] == "page-10-ar")["page"]
+    assert f"| {paged:.1%} |" in lines[[r["cell"] for r in data["rows"]].index("page-10-ar")]
+    if commit:
+        assert header.endswith(" commit |") and all(line.endswith(f" {commit} |") for line in lines)
     # a run that was not recorded: a clear error, nothing measured
     with pytest.raises(SystemExit) as e:
         vq.main([*args[:2], "--runs", "3", "--seed", "7", "--replay", str(rec)])
