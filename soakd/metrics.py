@@ -206,8 +206,8 @@ CATALOGUE: tuple[MetricSpec, ...] = (
                ("metric",), group="analysis"),
     MetricSpec("soakd_drift_detectable_ratio", "gauge",
                "The smallest change of a tracked quantity the live page catches within two windows (about half the "
-               "time) against the baseline pool at this run's noise (set when the pool is complete; goodput_ratio in "
-               "absolute terms).", ("metric",),
+               "time) against the baseline pool at this run's noise, in the direction a page is for (a latency's rise, a "
+               "throughput's fall; set when the pool is complete; goodput_ratio in absolute terms).", ("metric",),
                group="analysis"),
     MetricSpec("soakd_drift_events_total", "counter",
                "Windows flagged as drifted against the baseline, by metric.", ("metric",), group="analysis"),

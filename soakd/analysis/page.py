@@ -99,6 +99,21 @@ def long_run_extra(windows: list[WindowSummary], family: str) -> float:
     return max(0.0, (b * ss_b / df_b - ss1 / df1) / m_avg)
 
 
+def paused_subwindows(w: WindowSummary) -> set[int] | None:
+    """The sub-windows of ``w`` its quiesce probe's pause touched (no request is sent while the load is paused and
+    in-flight ones drain, so their counts fall to nothing): none where the window did not pause, None where it paused
+    and no probe of its own places the pause (a probe of the window before whose drain ran into it, one abandoned)."""
+    sub = w.subwindows
+    if not w.paused_seconds:
+        return set()
+    q = w.quiesce
+    if sub is None or q is None or q.seconds is None or not sub.seconds > 0:
+        return None
+    first = math.floor((q.t_unix - w.start_unix) / sub.seconds)
+    last = math.floor((q.t_unix + q.seconds - w.start_unix) / sub.seconds)
+    return set(range(max(0, first), last + 1))
+
+
 def rate_extra(windows: list[WindowSummary]) -> float:
     """The variance of a window's log-throughput level beyond the Poisson count its interval assumes: from the
     windows' per-minute counts of successful requests, ``(D - 1) / N`` with ``D`` the pooled dispersion of
@@ -107,7 +122,11 @@ def rate_extra(windows: list[WindowSummary]) -> float:
     speed follows the batch completes requests in waves (seen: a window's level varying 2.5 times as much as its
     Poisson interval says, and pages from windows of healthy throughput); an open loop's Poisson arrivals give
     ``D`` near 1 and nothing extra. Token throughput takes the same: its interval is the requests' compound
-    Poisson one, and the waves are of requests."""
+    Poisson one, and the waves are of requests. The sub-windows a quiesce probe paused are left out
+    (``paused_subwindows``; a window that paused where no probe of its own says when is left out whole): every window
+    pauses once, and its gap is no wave (seen: `make demo`'s 20-second windows, two sub-windows of ten empty in each,
+    put the change a throughput page catches at 220%; at 30-minute windows a drain of a minute doubles the
+    throughput's standard error)."""
     ss = 0.0
     df = 0
     inv_n: list[float] = []
@@ -115,7 +134,10 @@ def rate_extra(windows: list[WindowSummary]) -> float:
         sub = w.subwindows
         if sub is None:
             continue
-        c = sub.ok
+        paused = paused_subwindows(w)
+        if paused is None:
+            continue
+        c = [v for i, v in enumerate(sub.ok) if i not in paused]
         m = len(c)
         total = sum(c)
         if m < 10 or total <= 0:
@@ -338,8 +360,12 @@ def grown_reference(metric: str, reference: list[Level], after: list[Level], tau
 def detectable(metric: str, window_var: float, reference: list[Level], tau2: float, extra: float,
                z: float, cfg: DriftConfig, windows: int = 2, excess_z: float = EXCESS_Z) -> float:
     """The smallest change a page catches within ``windows`` windows about half the time (the segment of
-    that many windows just reaching both bounds), on the metric's scale (relative, or absolute)."""
+    that many windows just reaching both bounds), on the metric's scale (relative, or absolute), in the direction
+    a page is for: a latency's rise, a throughput's fall (``1 - e^-d`` of the log-scale ``d``: a fall is never
+    beyond 100%; written as the rise ``e^d - 1`` it read 220% for `make demo`'s tokens/s)."""
     ref_v = _reference_mean(reference, extra, tau2)[1]
     se = math.sqrt((window_var + extra + tau2) / windows + ref_v)
     d = max(_delta0(metric, cfg) + excess_z * se, z * se)
-    return d if METRICS[metric].absolute else math.expm1(d)
+    if METRICS[metric].absolute:
+        return d
+    return math.expm1(d) if METRICS[metric].higher_is_worse else -math.expm1(-d)

@@ -20,11 +20,12 @@ from soakd.analysis.page import (
     long_run_extra,
     noise_floor,
     page_z,
+    paused_subwindows,
     rate_extra,
     scan,
 )
 from soakd.config.analysis import AnalysisConfig, DriftConfig
-from soakd.core.summary import SubWindows, WindowSummary
+from soakd.core.summary import QuiesceProbe, SubWindows, WindowSummary
 
 VAR = 1.6e-4  # e2e p50's variance at 3,000 requests per window (sigma 0.5)
 
@@ -153,6 +154,11 @@ def test_detectable_is_the_change_a_page_catches_about_half_the_time() -> None:
     two = detectable("e2e_p50", VAR, ref, tau2, 0.0, z, cfg, 2)
     one = detectable("e2e_p50", VAR, ref, tau2, 0.0, z, cfg, 1)
     assert 0.05 < two < one < 0.12
+    # a throughput pages on a fall: the same log-scale change is a smaller fall than rise, and never beyond 100%
+    fall = detectable("output_tokens_per_second", VAR, ref, tau2, 0.0, z, cfg, 2)
+    assert fall == pytest.approx(1.0 - 1.0 / (1.0 + two)) and fall < two
+    big = detectable("requests_per_second", 0.5, ref, tau2, 0.0, z, cfg, 2)
+    assert 0.5 < big < 1.0 < big / (1.0 - big)  # written as the rise of the same log-scale change: beyond 100%
     paged = [_first_page(noisy(random.Random(700 + s), 14, step_at=12, step=two), cfg) for s in range(60)]
     share = sum(p is not None for p in paged) / len(paged)
     assert 0.35 <= share <= 0.95, share  # within two windows (a one-window page counts too)
@@ -232,6 +238,40 @@ def test_the_waves_a_closed_loop_shows_in_its_throughput() -> None:
     ws = _count_windows(rng, 0.15, 3.0)
     assert extra_of("output_tokens_per_second", ws) == extra_of("requests_per_second", ws) == rate_extra(ws) > 0
     assert extra_of("error_rate", ws) == 0.0
+
+
+def _with_pause(ws: list[WindowSummary], probe: bool = True, paused: bool = True) -> list[WindowSummary]:
+    """The windows with a quiesce probe's pause 10 minutes in, 90 s long: sub-windows 10 and 11 empty (no request is
+    sent while the load is paused), the window's ``paused_seconds`` and probe as the runtime records them."""
+    out = []
+    for w in ws:
+        d = w.dump()
+        start = 1.7e9 + 1800.0 * w.window
+        for key in ("ok", "requests"):
+            d["subwindows"][key][10:12] = [0, 0]
+        d.update(start_unix=start, paused_seconds=90.0 if paused else 0.0,
+                 quiesce=QuiesceProbe(t_unix=start + 600.0, window=w.window, drained=True, seconds=90.0).model_dump()
+                 if probe else None)
+        out.append(WindowSummary.load(d))
+    return out
+
+
+def test_a_quiesce_probe_s_pause_is_no_wave() -> None:
+    """Every window pauses its load once for the idle probe; the sub-windows of the pause count nothing, and read as
+    waves they made the throughput's variance many times its interval (`make demo`, 20-second windows: the change a
+    throughput page catches 220%). They are left out where the window's probe places them."""
+    rng = random.Random(5)
+    ws = _with_pause(_count_windows(rng, 0.0, 1.0))
+    poisson = 1.0 / 3000
+    assert paused_subwindows(ws[0]) == {10, 11}
+    assert rate_extra(ws) < 0.6 * poisson  # Poisson counts and a pause: nothing extra
+    # the same gaps with no pause recorded are read as waves (what the probe's pause did before)
+    assert rate_extra(_with_pause(_count_windows(random.Random(5), 0.0, 1.0), paused=False)) > 3 * poisson
+    # paused, and no probe of the window's own to place the pause: the window says nothing of waves
+    unplaced = _with_pause(_count_windows(random.Random(5), 0.15, 3.0), probe=False)
+    assert paused_subwindows(unplaced[0]) is None and rate_extra(unplaced) == 0.0
+    # waves are still seen around a pause
+    assert 1e-3 < rate_extra(_with_pause(_count_windows(random.Random(5), 0.15, 3.0))) < 6e-3
 
 
 def test_the_reference_grows_with_the_windows_that_agree_with_the_pool() -> None:
