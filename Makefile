@@ -74,9 +74,11 @@ test: $(VENV)/.installed-test system-deps e2e-prepare
 	@set +e; \
 	$(PY) -m pytest -m "not e2e" -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS); a=$$?; \
 	$(PY) -m pytest -m e2e $(PYTEST_ARGS); b=$$?; \
-	if [ $$a -eq 5 ] && [ $$b -eq 5 ]; then echo "make test: pytest collected no tests (exit 5) - treating as failure"; exit 1; fi; \
+	if [ $$a -eq 5 ] && [ $$b -eq 5 ]; then \
+	  echo "make test: pytest collected no tests (exit 5) - treating as failure"; exit 1; fi; \
 	[ $$a -eq 5 ] && a=0; [ $$b -eq 5 ] && b=0; \
-	if [ $$a -ne 0 ] || [ $$b -ne 0 ]; then echo "make test: failed (tests on workers: exit $$a; real-server tests: exit $$b)"; exit 1; fi
+	if [ $$a -ne 0 ] || [ $$b -ne 0 ]; then \
+	  echo "make test: failed (tests on workers: exit $$a; real-server tests: exit $$b)"; exit 1; fi
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/client_capacity.py
