@@ -48,6 +48,7 @@ batch, memory, clocks and error bursts) stand beside the measurement loop they f
 from __future__ import annotations
 
 import argparse
+import bisect
 import gzip
 import heapq
 import json
@@ -73,9 +74,12 @@ from soakd.core.records import Outcome, RequestRecord  # noqa: E402
 from soakd.core.series import Series  # noqa: E402
 from soakd.core.summary import QuiesceProbe, WindowSummary  # noqa: E402
 from soakd.core.timeline import ManualClock, Timeline  # noqa: E402
+from soakd.core.tracked import METRICS  # noqa: E402
 from soakd.analysis.engine import LEAK_SOURCES_BYTES  # noqa: E402
 from soakd.soak.probe_schedule import ProbeSchedule  # noqa: E402
 from soakd.soak.windows import WindowSet  # noqa: E402
+
+THROUGHPUT = frozenset(m for m, d in METRICS.items() if d.kind in ("requests_rate", "tokens_rate"))
 
 MIB = 2**20
 GIB = 2**30
@@ -138,6 +142,9 @@ class Cell:
     gc_period_s: tuple[float, float] = (1500.0, 2100.0)  # its period, drawn per run in this range
     error_share: float = 0.0  # issue 21 item 6: this share of one window's requests fail fast (HTTP 429)
     error_window: int | None = None  # the window of those errors
+    # a quiesce probe that holds the load this long (the drain of long generations; a closed loop only): no request
+    # starts while it holds, the window's paused time and the probe's own duration say so, as soakd's probe does
+    drain_s: float = 0.0
 
 
 _CLIMB = tuple(v / 49.0 for v in (49, 64, 79, 90, 97.5, 105, 112.5, 120, 127.5, 135))
@@ -160,6 +167,15 @@ CELLS: tuple[Cell, ...] = (
          noise="ar", ar_sd=0.05, ar_memory=600, ar_unit="seconds", limit=0.05),
     Cell("closed-batch", "closed loop, latency follows the batch (long requests in flight)", "false FAIL <= 2%",
          noise="closed", limit=0.02),
+    # the same closed loop in 60-s windows (10 sub-windows of 6 s; about 240 requests each), each idle probe holding
+    # the load 8 s (a drain): the 1-2 sub-windows it pauses are left out of the throughput's waves, the rest still
+    # show them (soakd.analysis.page.rate_extra), and a throughput fall still pages
+    Cell("closed-60s-drain", "closed loop, 60-s windows, each idle probe holding the load 8 s",
+         "throughput false page <= 1%", noise="closed", window_s=60.0, requests=600, drain_s=8.0,
+         expect="no_tput_page", limit=0.01),
+    Cell("closed-60s-fall-20-drain", "the same, every request 1/0.8 as long from window 12 (throughput -20%)",
+         "(no target: throughput paged)", noise="closed", window_s=60.0, requests=600, drain_s=8.0, step_at=12,
+         step=1 / 0.8 - 1, expect="tput_page_by", by_window=23, limit=0.0),
     Cell("mem-ramp", "device memory +600 MiB while warming up, then flat", "false leak <= 2%",
          memory="ramp", probe_noise_mib=50, limit=0.02),
     Cell("mem-step", "device memory one +512 MiB step at hour 2, flat after", "false leak <= 2%",
@@ -408,10 +424,13 @@ def arrivals(cell: Cell, rng: random.Random, clock: ClockPath | None = None) -> 
         yield t, e2e, min(ttft, e2e * 0.9), base
 
 
-def closed_loop(cell: Cell, rng: random.Random, workers: int = 16) -> Iterator[tuple[float, float, float]]:
+def closed_loop(cell: Cell, rng: random.Random, workers: int = 16,
+                pauses: list[tuple[float, float]] | None = None) -> Iterator[tuple[float, float, float]]:
     """A closed loop of ``workers`` on a server whose speed depends on the batch: each request is
     short (80%) or long (20%, 5x the tokens); a request's time is its tokens x a per-token time
-    that grows with the long requests in flight. Yields in send order."""
+    that grows with the long requests in flight (and the cell's latency scale: a step is a throughput fall). A
+    request due inside one of ``pauses`` (start, end) starts at its end. Yields in send order."""
+    pause_starts = [a for a, _ in pauses or ()]
     end = cell.windows * cell.window_s
     base = cell.window_s * workers / cell.requests  # mean request time that gives ~requests per window
     in_flight_long = 0
@@ -420,11 +439,15 @@ def closed_loop(cell: Cell, rng: random.Random, workers: int = 16) -> Iterator[t
 
     def start(now: float, worker: int) -> None:
         nonlocal in_flight_long
+        i = bisect.bisect_right(pause_starts, now) - 1
+        if pauses and i >= 0 and now < pauses[i][1]:
+            now = pauses[i][1]
         long = rng.random() < 0.2
         tokens = 5.0 if long else 1.0
         in_flight_long += long
         slow = 1.0 + 0.15 * in_flight_long  # the batch: long requests slow everyone down
         e2e = base / 1.8 * tokens * slow * math.exp(0.3 * rng.gauss(0.0, 1.0))
+        e2e *= latency_scale(cell, int(now // cell.window_s), now)
         ttft = min(e2e * 0.9, 0.1 * slow * math.exp(0.4 * rng.gauss(0.0, 1.0)))
         heapq.heappush(events, (now + e2e, worker, long))
         pending.append((now, e2e, ttft))
@@ -476,6 +499,7 @@ class RunResult:
     ab_fail: bool = False  # the verdict fails on an ab finding
     ab_confident: bool = False  # a confident worse A/B difference (a window or the run)
     page_window: int | None = None  # the first window at which soakd_drift_detected went to 1 (any metric)
+    tput_page_window: int | None = None  # ... for a throughput metric
     live_leak: bool = False  # soakd_memory_leak_suspected 1 (a byte source) after some window: the leak page
     live_throttle: bool = False  # soakd_throttle_detected 1 after some window: the throttling page (one GPU)
     final_leak: bool = False  # a leak suspected by the run's last judgement
@@ -592,6 +616,7 @@ class Analysis:
         self.cand = Analyzer(cfg, planned_windows=cell.windows, candidates=1) if ab_run else None
         self.live = self.live_drift = self.live_leak = self.live_throttle = False
         self.page_window: int | None = None
+        self.tput_page_window: int | None = None
 
     def candidate_window(self, w: WindowSummary) -> None:
         assert self.cand is not None
@@ -613,6 +638,8 @@ class Analysis:
         self.live_drift = self.live_drift or drift
         if self.page_window is None and drift:
             self.page_window = w.window
+        if self.tput_page_window is None and any(v for m, v in analyzer.drift_active.items() if m in THROUGHPUT):
+            self.tput_page_window = w.window
         self.live_leak = self.live_leak or any(lk.suspected for s, lk in analyzer.leaks.items()
                                                if s in LEAK_SOURCES_BYTES)
         self.live_throttle = self.live_throttle or analyzer.throttle_detected
@@ -655,7 +682,7 @@ class Analysis:
             ab_fail=any(r.startswith("ab:") for r in verdict.reasons),
             ab_confident=any(f.kind == "ab" and f.evidence.get("tier") == "confident"
                              and f.evidence.get("direction") == "worse" for f in analyzer.findings),
-            page_window=self.page_window,
+            page_window=self.page_window, tput_page_window=self.tput_page_window,
             live_leak=self.live_leak, live_throttle=self.live_throttle, final_leak=final_leak,
             withdrawn=any(f.diagnosis == "leak page withdrawn" for f in analyzer.findings),
             answer=_errors_answer(cell, verdict.result, analyzer.findings))
@@ -675,13 +702,17 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None,
         if cell.ab is not None else None
     clock_path = ClockPath(cell, seed) if cell.clock_wander_sd or cell.throttle_at is not None else None
     gc = gc_sawtooth(cell, seed) if cell.gc_mib else None
-    source = closed_loop(cell, rng) if cell.noise == "closed" else arrivals(cell, rng, clock_path)
-    next_sample = 15.0
     # the probes' times from soakd's own schedule (the runtime's: soakd.soak.quiesce.QuiesceProber.schedule)
-    probe_times = iter(ProbeSchedule.seeded(
+    probe_list = list(ProbeSchedule.seeded(
         tl.first_window_start, cell.window_s, cfg.quiesce.jitter, seed, end=tl.end,
         min_remaining=min(cell.window_s / 2, 60.0),
         duration=min(cfg.quiesce.drain_timeout, cell.window_s / 4) + cfg.quiesce.settle).times(tl.end))
+    if cell.drain_s and cell.noise != "closed":
+        raise ValueError(f"{cell.name}: drain_s needs a closed loop (an open loop's arrivals do not wait)")
+    pauses = [(p, p + cell.drain_s) for p in probe_list] if cell.drain_s else None
+    source = closed_loop(cell, rng, pauses=pauses) if cell.noise == "closed" else arrivals(cell, rng, clock_path)
+    next_sample = 15.0
+    probe_times = iter(probe_list)
     next_probe = next(probe_times, math.inf)
 
     def close(now: float, final: bool = False) -> None:
@@ -712,7 +743,9 @@ def simulate(cell: Cell, seed: int, config: AnalysisConfig | None = None,
             if down is None or not down[0] <= next_probe < down[1]:
                 mem = memory_at(cell, next_probe, rng) + (gc(next_probe) if gc is not None else 0.0)
                 probe = QuiesceProbe(t_unix=clock.wall_offset + next_probe, window=w, drained=True,
-                                     kv_cache_usage_ratio=0.0, memory_used_bytes=mem, seconds=2.0)
+                                     kv_cache_usage_ratio=0.0, memory_used_bytes=mem, seconds=cell.drain_s or 2.0)
+                if cell.drain_s:  # the load held from the probe's start to its end (soakd.soak.quiesce)
+                    windows.add_interval(next_probe, next_probe + cell.drain_s, "paused_seconds")
                 windows.set_probe(probe)
                 analysis.quiesce(probe)
             next_probe = next(probe_times, math.inf)
@@ -801,6 +834,7 @@ def _run(args: tuple[str, int, float | None, Path | None, Path | None]) -> dict[
             "freeze": r.freeze, "inconclusive": r.inconclusive, "restart_reported": r.restart_reported,
             "impaired_windows": r.impaired_windows, "impaired_share": r.impaired_share, "leak_rate": r.leak_rate,
             "ab_fail": r.ab_fail, "ab_confident": r.ab_confident, "page_window": r.page_window,
+            "tput_page_window": r.tput_page_window,
             "live_leak": r.live_leak, "live_throttle": r.live_throttle, "final_leak": r.final_leak,
             "withdrawn": r.withdrawn, "answer": r.answer}
 
@@ -823,6 +857,9 @@ _COUNTS: dict[str, tuple[Any, bool]] = {
                 False),
     "leak_by": (lambda r, c: r["leak_window"] is not None and r["leak_window"] <= c.by_window, False),
     "page_by": (lambda r, c: r.get("page_window") is not None and r["page_window"] <= c.by_window, False),
+    "tput_page_by": (lambda r, c: r.get("tput_page_window") is not None and r["tput_page_window"] <= c.by_window,
+                     False),
+    "no_tput_page": (lambda r, c: r.get("tput_page_window") is not None, True),
     "judged_pass": (lambda r, c: not r["failed"] and not r["inconclusive"], False),
     "quiet": (lambda r, c: r["failed"] or r["live_throttle"], True),
     "no_live_leak": (lambda r, c: r["live_leak"], True),
@@ -871,7 +908,8 @@ MEASURE = {
     "inconclusive": "INCONCLUSIVE, not FAIL", "restart": "restart reported, no drift/leak FAIL",
     "no_freeze": "false freeze",
     "ab_pass": "false ab FAIL", "ab_fail": "ab FAIL", "ab_confident": "confident ab",
-    "page_by": "paged in time",
+    "page_by": "paged in time", "tput_page_by": "throughput paged in time",
+    "no_tput_page": "throughput false page",
     "judged_pass": "PASS (not INCONCLUSIVE)",
     "quiet": "FAIL or throttle page", "no_live_leak": "live leak page", "leak_final": "leak found by the end",
     "errors_same": "the same answer",

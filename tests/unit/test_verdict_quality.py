@@ -41,6 +41,17 @@ def test_a_closed_loop_s_throughput_waves_do_not_page(vq: ModuleType, seed: int)
     assert not r.failed and not r.live_flag and r.page_window is None, r.reasons
 
 
+def test_a_probe_s_drain_in_short_windows_is_no_throughput_page_and_a_fall_still_pages(vq: ModuleType) -> None:
+    """60-s windows of a closed loop, each probe holding the load 8 s: seed 2 paged tokens/s at window 14 while the
+    sub-windows a probe paused left the whole window out of the throughput's waves (3% of healthy runs paged); a 20%
+    fall of throughput from window 12 still pages, on a throughput metric."""
+    calm = run(vq, "closed-60s-drain", 2)
+    assert calm.tput_page_window is None, calm.reasons
+    fall = run(vq, "closed-60s-fall-20-drain", 2)
+    assert fall.tput_page_window is not None and 12 <= fall.tput_page_window <= 14, (fall.tput_page_window,
+                                                                                       fall.reasons)
+
+
 @pytest.mark.parametrize("name", ["step-10", "step-8", "step-8-p95"])
 def test_a_step_fails_the_run_naming_its_window(vq: ModuleType, name: str) -> None:
     r = run(vq, name)
