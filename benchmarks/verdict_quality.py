@@ -74,12 +74,10 @@ from soakd.core.records import Outcome, RequestRecord  # noqa: E402
 from soakd.core.series import Series  # noqa: E402
 from soakd.core.summary import QuiesceProbe, WindowSummary  # noqa: E402
 from soakd.core.timeline import ManualClock, Timeline  # noqa: E402
-from soakd.core.tracked import METRICS  # noqa: E402
+from soakd.core.tracked import THROUGHPUT  # noqa: E402
 from soakd.analysis.engine import LEAK_SOURCES_BYTES  # noqa: E402
 from soakd.soak.probe_schedule import ProbeSchedule  # noqa: E402
 from soakd.soak.windows import WindowSet  # noqa: E402
-
-THROUGHPUT = frozenset(m for m, d in METRICS.items() if d.kind in ("requests_rate", "tokens_rate"))
 
 MIB = 2**20
 GIB = 2**30

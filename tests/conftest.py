@@ -16,7 +16,6 @@ def _no_soakd_env(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(key)
 
 
-
 # `make test` runs the suite on two pytest-xdist workers (``-n 2 --dist loadscope --no-loadscope-reorder``): most
 # tests wait on a soak in wall time, so two at once nearly halve the suite's time on two cores. A module runs whole on
 # one worker (its module fixtures are built once); both real-server modules (tests/e2e: vLLM and llama-server, each

@@ -17,7 +17,7 @@ from scipy import stats as sps
 from soakd.analysis.levels import Level
 from soakd.config.analysis import DriftConfig
 from soakd.core.summary import WindowSummary
-from soakd.core.tracked import METRICS
+from soakd.core.tracked import METRICS, THROUGHPUT
 
 __all__ = [
     "SCAN",
@@ -163,7 +163,7 @@ def extra_of(metric: str, windows: list[WindowSummary]) -> float:
     fam = family_of(metric)
     if fam is not None:
         return long_run_extra(windows, fam)
-    if METRICS[metric].kind in ("requests_rate", "tokens_rate"):
+    if metric in THROUGHPUT:
         return rate_extra(windows)
     return 0.0
 

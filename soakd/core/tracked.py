@@ -66,6 +66,10 @@ they are tracked and shown, never paged on or failing."""
 SERVER_MEANS: frozenset[str] = frozenset(m for m, s in METRICS.items() if s.kind == "server_mean")
 """The server's own means: judged only in the windows where soakd lagged (``soakd.analysis.drift_watch``)."""
 
+THROUGHPUT: frozenset[str] = frozenset(m for m, s in METRICS.items() if s.kind in ("requests_rate", "tokens_rate"))
+"""The throughputs (requests/s, tokens/s): a page is for their fall, their level takes the waves of completions
+(``soakd.analysis.page.rate_extra``)."""
+
 DEFAULT_METRICS: tuple[str, ...] = (
     "e2e_p50",
     "e2e_p95",
