@@ -68,7 +68,10 @@ def long_run_extra(windows: list[WindowSummary], family: str) -> float:
     """The variance of a window's log-latency level beyond what its one-minute batch means show (they
     see load that wanders faster than a minute; slower wander moves whole batches together): from the
     windows' sub-window series, ``(b · Y_b - Y_1) / M`` with ``Y_b`` the pooled within-window variance of
-    ``b``-sub-window batch means (``b`` about a sixth of the window) and ``M`` the sub-windows per window."""
+    ``b``-sub-window batch means (``b`` about a sixth of the window) and ``M`` the sub-windows per window. The
+    sub-windows a quiesce probe paused are left out, as in ``rate_extra``: they hold no request or the few sent
+    around the pause (seen: 60-s windows with an 8-s drain, one window in two left out whole for its one empty
+    sub-window)."""
     ss1 = ss_b = 0.0
     df1 = df_b = 0
     ms: list[int] = []
@@ -77,10 +80,14 @@ def long_run_extra(windows: list[WindowSummary], family: str) -> float:
         sub = w.subwindows
         if sub is None:
             continue
+        paused = paused_subwindows(w)
+        if paused is None:
+            continue
         vals = getattr(sub, family, None) or []
-        x = [math.log(v) if v is not None and v > 0 else None for v in vals]
+        x = [math.log(v) if v is not None and v > 0 else None for i, v in enumerate(vals) if i not in paused]
         m = len(x)
-        if m < 10 or any(v is None for v in x):
+        # at least 10 sub-windows (every window shorter than 10 minutes has 10), 6 of them not paused (3 batches)
+        if len(vals) < 10 or m < 6 or any(v is None for v in x):
             continue
         xs = [v for v in x if v is not None]
         mean = sum(xs) / m

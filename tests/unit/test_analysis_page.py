@@ -301,6 +301,36 @@ def test_a_short_window_s_pause_leaves_its_waves_seen() -> None:
     assert 0.4 * waves < rate_extra(paused) < 2.5 * waves, (rate_extra(paused), waves)
 
 
+def test_a_short_window_s_pause_leaves_its_latency_wander_seen() -> None:
+    """The latency's slower wander, like the count's waves: a probe's pause empties 1-2 of a short window's 10
+    sub-windows, and the rest still say how much the window's level wanders (before: a window with an empty
+    sub-window was left out whole, and in a run whose every window paused no wander was allowed at all)."""
+    rng = random.Random(11)
+    phi = math.exp(-1.0 / 4.0)  # a wander of 4 sub-windows' memory, sd 10%
+    plain, paused = [], []
+    for i in range(16):
+        x, e2e = rng.gauss(0, 0.1), []
+        for _ in range(10):
+            x = phi * x + math.sqrt(1 - phi * phi) * 0.1 * rng.gauss(0, 1)
+            e2e.append(math.exp(x + rng.gauss(0, 0.02)))
+        start = 1.7e9 + 60.0 * i
+        ok = [25] * 10
+        d = {"window": i, "requests": 250, "start_unix": start,
+             "subwindows": SubWindows(seconds=6.0, requests=ok, ok=ok, e2e=e2e).model_dump()}
+        plain.append(WindowSummary.load(d))
+        gap = [v if j not in (4, 5) else 0 for j, v in enumerate(ok)]
+        paused.append(WindowSummary.load({
+            **d, "requests": sum(gap), "paused_seconds": 8.0,
+            "subwindows": SubWindows(seconds=6.0, requests=gap, ok=gap,
+                                     e2e=[v if j not in (4, 5) else None for j, v in enumerate(e2e)]).model_dump(),
+            "quiesce": QuiesceProbe(t_unix=start + 25.0, window=i, drained=True, seconds=8.0).model_dump()}))
+    wander = long_run_extra(plain, "e2e")
+    # a window's mean varies by about 5e-3 under this wander; batches of two sub-windows show a part of it, and
+    # independent sub-windows (sd 2%) would show about nothing
+    assert wander > 1.5e-4, wander
+    assert 0.4 * wander < long_run_extra(paused, "e2e") < 2.5 * wander, (long_run_extra(paused, "e2e"), wander)
+
+
 def test_the_reference_grows_with_the_windows_that_agree_with_the_pool() -> None:
     cfg = DriftConfig()
     pool = levels([0.0, 0.01, -0.01, 0.0])
