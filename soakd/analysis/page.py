@@ -75,7 +75,6 @@ def long_run_extra(windows: list[WindowSummary], family: str) -> float:
     ss1 = ss_b = 0.0
     df1 = df_b = 0
     ms: list[int] = []
-    b = 0
     for w in windows:
         sub = w.subwindows
         if sub is None:
@@ -97,13 +96,14 @@ def long_run_extra(windows: list[WindowSummary], family: str) -> float:
         k = len(sums)
         bm = [v / b for v in sums]
         bmean = sum(bm) / k
-        ss_b += sum((v - bmean) ** 2 for v in bm)
+        # b x the batch means' squares, per window: a pause can give a window other batches than the rest
+        ss_b += b * sum((v - bmean) ** 2 for v in bm)
         df_b += k - 1
         ms.append(m)
     if not ms or df1 <= 0 or df_b <= 0:
         return 0.0
     m_avg = sum(ms) / len(ms)
-    return max(0.0, (b * ss_b / df_b - ss1 / df1) / m_avg)
+    return max(0.0, (ss_b / df_b - ss1 / df1) / m_avg)
 
 
 def paused_subwindows(w: WindowSummary) -> set[int] | None:

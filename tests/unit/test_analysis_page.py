@@ -331,6 +331,27 @@ def test_a_short_window_s_pause_leaves_its_latency_wander_seen() -> None:
     assert 0.4 * wander < long_run_extra(paused, "e2e") < 2.5 * wander, (long_run_extra(paused, "e2e"), wander)
 
 
+def test_the_latency_wander_of_windows_whose_pauses_cut_other_batches_does_not_depend_on_their_order() -> None:
+    """A 2.5-minute pause leaves a 30-minute window 27 sub-windows, batched by 4 where the others are batched by 5:
+    each window's batch means are weighed by its own batch length (before: by the last window's)."""
+    rng = random.Random(5)
+    ws = []
+    for i in range(8):
+        start = 1.7e9 + 1800.0 * i
+        sub = _sub_windows(rng, 0.10, 3.0)
+        d = {"window": i, "requests": 3000, "start_unix": start, "subwindows": sub.model_dump()}
+        if i % 2:
+            e2e = [v if j not in (10, 11, 12) else None for j, v in enumerate(sub.e2e)]
+            d = {**d, "paused_seconds": 150.0,
+                 "subwindows": sub.model_copy(update={"e2e": e2e}).model_dump(),
+                 "quiesce": QuiesceProbe(t_unix=start + 610.0, window=i, drained=True, seconds=150.0).model_dump()}
+        ws.append(WindowSummary.load(d))
+    assert paused_subwindows(ws[1]) == {10, 11, 12}
+    forward, backward = long_run_extra(ws, "e2e"), long_run_extra(ws[::-1], "e2e")
+    assert forward > 3e-4
+    assert forward == pytest.approx(backward, rel=1e-9)
+
+
 def test_the_reference_grows_with_the_windows_that_agree_with_the_pool() -> None:
     cfg = DriftConfig()
     pool = levels([0.0, 0.01, -0.01, 0.0])
